@@ -1,0 +1,75 @@
+"""One function builds every SparkSession epochal uses: Delta Lake plus the Kafka source.
+
+The jars come from the cache that ``epochal jars fetch`` fills; Spark never resolves packages at
+run time (no ``spark.jars.packages``). Jars whose artifact the pyspark wheel already ships (Jackson,
+Hadoop, Parquet, ...) are left out, so the session sees one copy of each library.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from epochal.config import SparkConfig
+from epochal.jvm import JarSet, jar_paths, require_jars
+
+__all__ = ["spark_jars", "spark_session"]
+
+logger = logging.getLogger(__name__)
+
+_VERSION_SUFFIX = re.compile(r"-\d+(\.[^-]*)+(-[A-Za-z0-9.]+)?\.jar$")
+
+
+def _artifact(jar: Path) -> str:
+    """``jackson-core-2.13.5.jar`` -> ``jackson-core``."""
+    return _VERSION_SUFFIX.sub("", jar.name)
+
+
+def _pyspark_jars() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def spark_jars(jar_dir: Path) -> list[Path]:
+    """Cached jars that the pyspark wheel does not already provide."""
+    provided = {_artifact(jar) for jar in _pyspark_jars().glob("*.jar")}
+    directory = require_jars(jar_dir, JarSet.SPARK)
+    return [jar for jar in jar_paths(directory) if _artifact(jar) not in provided]
+
+
+def spark_session(config: SparkConfig) -> SparkSession:
+    """A session (or the running one) with Delta's SQL extension and catalog and the Kafka source.
+
+    >>> spark = spark_session(SparkConfig(jar_dir=cache.jar_dir("spark")))
+    >>> spark.read.format("delta").load("warehouse/bank/state/Account")
+    """
+    if config.master.startswith("local"):
+        # Spark picks the first non-loopback interface otherwise, and says so on every start.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    work = config.work_dir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    jars = ",".join(str(jar) for jar in spark_jars(config.jar_dir))
+    settings = {
+        "spark.jars": jars,
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.warehouse.dir": str(work / "spark-warehouse"),
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={work / 'derby'}",
+        "spark.driver.memory": config.driver_memory,
+        "spark.sql.shuffle.partitions": "4",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        **config.conf,
+    }
+    builder = SparkSession.builder.master(config.master).appName(config.app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    logger.info("starting spark master=%s jars=%d", config.master, len(jars.split(",")))
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session

@@ -1,0 +1,150 @@
+"""The ``epochal`` command: ``jars fetch``, ``kafka start|stop|status``, ``demo``.
+
+Config objects are built here, once, from flags and the environment (``EPOCHAL_CACHE``); library
+code never reads the environment. An :class:`EpochalError` ends the command with its message and
+exit code 1; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.logging import RichHandler
+
+from epochal.config import CacheConfig, LocalBrokerConfig, cache_dir_from_env
+from epochal.errors import EpochalError
+from epochal.jvm import JarSet, fetch_jars
+from epochal.log.local_broker import LocalBroker
+
+__all__ = ["main"]
+
+console = Console(stderr=True)
+
+
+def _cache(args: argparse.Namespace) -> CacheConfig:
+    return CacheConfig(Path(args.cache) if args.cache else cache_dir_from_env())
+
+
+def _broker(args: argparse.Namespace) -> LocalBroker:
+    cache = _cache(args)
+    data_dir = Path(args.data_dir) if args.data_dir else cache.broker_dir(args.port)
+    config = LocalBrokerConfig(
+        port=args.port,
+        data_dir=data_dir,
+        jar_dir=cache.jar_dir(JarSet.KAFKA_BROKER.value),
+        startup_timeout_s=args.timeout,
+    )
+    return LocalBroker(config)
+
+
+def _jars_fetch(args: argparse.Namespace) -> int:
+    cache = _cache(args)
+    for jar_set in JarSet:
+        with console.status(f"fetching {jar_set.value} jars from Maven Central"):
+            directory = fetch_jars(cache, jar_set)
+        console.print(f"[green]✓[/] {jar_set.value} jars in {directory}")
+    return 0
+
+
+def _kafka_start(args: argparse.Namespace) -> int:
+    broker = _broker(args)
+    with console.status(f"starting Kafka on {broker.config.bootstrap}"):
+        started = broker.start()
+    status = broker.status()
+    if started:
+        console.print(f"[green]✓[/] Kafka running at {status.bootstrap} (pid {status.pid})")
+        console.print(f"  log: {status.log_file}")
+    else:
+        console.print(
+            f"Kafka is already running at {status.bootstrap} (pid {status.pid}); nothing started"
+        )
+    return 0
+
+
+def _kafka_stop(args: argparse.Namespace) -> int:
+    broker = _broker(args)
+    with console.status(f"stopping Kafka on {broker.config.bootstrap}"):
+        stopped = broker.stop()
+    console.print("[green]✓[/] Kafka stopped" if stopped else "Kafka was not running")
+    return 0
+
+
+def _kafka_status(args: argparse.Namespace) -> int:
+    status = _broker(args).status()
+    if status.running:
+        console.print(
+            f"Kafka running at {status.bootstrap} (pid {status.pid}), data in {status.data_dir}"
+        )
+        return 0
+    console.print(f"Kafka is not running at {status.bootstrap} (data dir {status.data_dir})")
+    return 3  # like `systemctl status`: not running is not success
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from epochal.demo import run_demo  # pulls in Spark; only this command needs it
+
+    return run_demo(_cache(args), _broker(args), Path(args.warehouse), console)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="epochal", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument(
+        "--cache", help="jar and broker cache (default $EPOCHAL_CACHE or ~/.cache/epochal)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    jars = commands.add_parser("jars", help="JVM artifacts from Maven Central")
+    jars.add_argument("action", choices=["fetch"])
+    jars.set_defaults(handler=_jars_fetch)
+
+    def broker_flags(command: argparse.ArgumentParser) -> None:
+        command.add_argument(
+            "--port", type=int, default=9092, help="broker port (controller: port+1)"
+        )
+        command.add_argument("--data-dir", help="broker data dir (default <cache>/brokers/<port>)")
+        command.add_argument("--timeout", type=float, default=30.0, help="start-up wait in seconds")
+
+    kafka = commands.add_parser("kafka", help="the local single-node KRaft broker")
+    kafka.add_argument("action", choices=["start", "stop", "status"])
+    broker_flags(kafka)
+    kafka.set_defaults(handler=_kafka_dispatch)
+
+    demo = commands.add_parser("demo", help="run the demo on a local broker, Spark and warehouse")
+    demo.add_argument("--warehouse", default="warehouse", help="Delta warehouse root")
+    broker_flags(demo)
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+_KAFKA_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "start": _kafka_start,
+    "stop": _kafka_stop,
+    "status": _kafka_status,
+}
+
+
+def _kafka_dispatch(args: argparse.Namespace) -> int:
+    return _KAFKA_ACTIONS[args.action](args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(message)s", handlers=[RichHandler(console=console)])
+    logging.getLogger("epochal.librdkafka").setLevel(max(level, logging.ERROR))
+    try:
+        code: int = args.handler(args)
+    except EpochalError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Configuration objects, each frozen and built once in an entry point (the CLI, a test fixture).
+
+Nothing here reads the environment at import time: :func:`cache_dir_from_env` is called by entry
+points only. Units are in the field names (``_ms``, ``_s``); secrets are redacted in ``repr``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "CacheConfig",
+    "KafkaConfig",
+    "LocalBrokerConfig",
+    "SparkConfig",
+    "cache_dir_from_env",
+]
+
+_SECRET_MARKERS = ("password", "secret", "jaas", "token", "key.pem", "credentials")
+
+
+def _redacted(settings: Mapping[str, str]) -> dict[str, str]:
+    return {
+        k: ("***" if any(m in k.lower() for m in _SECRET_MARKERS) else v)
+        for k, v in settings.items()
+    }
+
+
+def cache_dir_from_env() -> Path:
+    """Where jars and local brokers live: ``$EPOCHAL_CACHE``, else ``~/.cache/epochal``."""
+    configured = os.environ.get("EPOCHAL_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "epochal"
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """A directory outside git that holds fetched jars and local broker data.
+
+    >>> CacheConfig(Path("/tmp/c")).jar_dir("spark")
+    PosixPath('/tmp/c/jars/spark')
+    """
+
+    root: Path
+
+    def jar_dir(self, jar_set: str) -> Path:
+        return self.root / "jars" / jar_set
+
+    def broker_dir(self, port: int) -> Path:
+        return self.root / "brokers" / str(port)
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """How to reach Kafka. ``settings`` pass straight to librdkafka (SASL, SSL, timeouts, ...).
+
+    >>> KafkaConfig("127.0.0.1:9092", {"sasl.password": "hunter2"})
+    KafkaConfig(bootstrap_servers='127.0.0.1:9092', settings={'sasl.password': '***'})
+    """
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    settings: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "settings", MappingProxyType(dict(self.settings)))
+
+    def client_settings(self, **overrides: Any) -> dict[str, Any]:
+        """librdkafka settings: bootstrap, then the pass-through settings, then overrides."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.settings, **overrides}
+
+    def __repr__(self) -> str:
+        return (
+            f"KafkaConfig(bootstrap_servers={self.bootstrap_servers!r}, "
+            f"settings={_redacted(self.settings)!r})"
+        )
+
+
+@dataclass(frozen=True)
+class LocalBrokerConfig:
+    """A single-node KRaft broker (broker and controller in one JVM) on 127.0.0.1.
+
+    ``controller_port`` 0 means ``port + 1``. ``startup_timeout_s`` bounds the wait until the
+    broker answers metadata requests. ``heap_mb`` is the JVM's maximum heap.
+
+    >>> LocalBrokerConfig(port=19092, data_dir=Path("/tmp/b")).bootstrap
+    '127.0.0.1:19092'
+    """
+
+    port: int = 9092
+    data_dir: Path = Path(".epochal/kafka")
+    jar_dir: Path = Path(".epochal/jars/kafka-broker")
+    controller_port: int = 0
+    heap_mb: int = 1024
+    startup_timeout_s: float = 30.0
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def effective_controller_port(self) -> int:
+        return self.controller_port or self.port + 1
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    """A Spark session with Delta Lake and the Kafka source from locally cached jars.
+
+    ``master`` is ``local[2]`` by default; any ``spark://`` (or other) master works by config.
+    ``conf`` adds or overrides Spark settings.
+
+    >>> SparkConfig(jar_dir=Path("/tmp/jars")).master
+    'local[2]'
+    """
+
+    jar_dir: Path
+    master: str = "local[2]"
+    app_name: str = "epochal"
+    work_dir: Path = Path(".epochal/spark")
+    driver_memory: str = "1g"
+    conf: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __repr__(self) -> str:
+        return (
+            f"SparkConfig(master={self.master!r}, app_name={self.app_name!r}, "
+            f"jar_dir={str(self.jar_dir)!r}, conf={_redacted(self.conf)!r})"
+        )

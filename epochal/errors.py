@@ -1,0 +1,99 @@
+"""The one error tree of epochal.
+
+Users catch these, never a library's exception type: ``log/`` translates confluent-kafka errors,
+``recovery/`` and ``analytics/`` translate Spark and Delta ones, always ``raise ... from exc``.
+
+::
+
+    EpochalError
+    ├── ConfigError                 bad or missing configuration, tools or files (java, jars, ports)
+    ├── LogError                    Kafka
+    │   ├── BrokerUnavailableError  the broker does not answer
+    │   └── LocalBrokerError        the local dev broker cannot be started or stopped
+    ├── TransactionAborted          a handler raised or broke a constraint (an outcome, no crash)
+    ├── RecoveryError
+    │   ├── SnapshotMissingError
+    │   └── LogTruncatedError
+    ├── SchemaError                 a record does not decode or does not match its schema
+    └── QueryError
+
+Every error carries its context (topic, partition, offset, epoch, actor key, ...) as keyword
+arguments and prints it after the message, so a log line says where things went wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BrokerUnavailableError",
+    "ConfigError",
+    "EpochalError",
+    "LocalBrokerError",
+    "LogError",
+    "LogTruncatedError",
+    "QueryError",
+    "RecoveryError",
+    "SchemaError",
+    "SnapshotMissingError",
+    "TransactionAborted",
+]
+
+
+class EpochalError(Exception):
+    """Root of every error epochal raises.
+
+    >>> str(EpochalError("record is not msgpack", topic="bank.in.transfers", offset=7))
+    'record is not msgpack (topic=bank.in.transfers, offset=7)'
+    """
+
+    def __init__(self, message: str, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context: dict[str, Any] = {k: v for k, v in context.items() if v is not None}
+
+    def __str__(self) -> str:
+        if not self.context:
+            return self.message
+        where = ", ".join(f"{k}={v}" for k, v in self.context.items())
+        return f"{self.message} ({where})"
+
+
+class ConfigError(EpochalError):
+    """Configuration, a required tool (java, mvn) or a required file (jars) is wrong or missing."""
+
+
+class LogError(EpochalError):
+    """Something went wrong talking to Kafka."""
+
+
+class BrokerUnavailableError(LogError):
+    """The Kafka broker did not answer in time."""
+
+
+class LocalBrokerError(LogError):
+    """The local development broker could not be started, reached or stopped."""
+
+
+class TransactionAborted(EpochalError):
+    """A transaction was aborted by its handler or by a violated constraint; it had no effect."""
+
+
+class RecoveryError(EpochalError):
+    """Recovery could not restore a consistent state."""
+
+
+class SnapshotMissingError(RecoveryError):
+    """No complete snapshot exists where one was required."""
+
+
+class LogTruncatedError(RecoveryError):
+    """The command log or an input topic no longer holds the records recovery needs."""
+
+
+class SchemaError(EpochalError):
+    """A record does not decode, or does not match its declared schema."""
+
+
+class QueryError(EpochalError):
+    """A query could not be answered."""

@@ -1,0 +1,36 @@
+"""Topic names of an application (DESIGN §5), in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TopicNames"]
+
+
+@dataclass(frozen=True)
+class TopicNames:
+    """``<app>.in.<name>``, ``<app>.requests``, ``<app>.cmd``, ``<app>.out.<name>``, ``<app>.dlq``.
+
+    >>> TopicNames("bank").input("transfers")
+    'bank.in.transfers'
+    """
+
+    app: str
+
+    def input(self, name: str) -> str:
+        return f"{self.app}.in.{name}"
+
+    def egress(self, name: str) -> str:
+        return f"{self.app}.out.{name}"
+
+    @property
+    def requests(self) -> str:
+        return f"{self.app}.requests"
+
+    @property
+    def command_log(self) -> str:
+        return f"{self.app}.cmd"
+
+    @property
+    def dead_letters(self) -> str:
+        return f"{self.app}.dlq"

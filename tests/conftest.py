@@ -1,0 +1,155 @@
+"""Fixtures shared by every test: one Kafka broker and one Spark session per test run.
+
+Kafka comes from ``EPOCHAL_KAFKA_BOOTSTRAP`` when set, else from a testcontainers Kafka when a
+Docker engine answers, else from the local broker (``log/local_broker.py``) started once on free
+ports in a temporary data directory and stopped at the end of the run.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from epochal.config import (
+    CacheConfig,
+    KafkaConfig,
+    LocalBrokerConfig,
+    SparkConfig,
+    cache_dir_from_env,
+)
+from epochal.jvm import JarSet, fetch_jars
+from epochal.log.client import KafkaClients
+from epochal.log.local_broker import LocalBroker
+
+
+def free_port_pair() -> int:
+    """A port p such that p and p+1 are free on 127.0.0.1 (broker and controller)."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port >= 65535:
+            continue
+        with socket.socket() as second:
+            try:
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
+
+
+def _docker_answers() -> bool:
+    """True if a Docker engine answers a ping.
+
+    A plain connect comes first: docker-py leaks a socket (a ResourceWarning, an error here) when
+    nothing listens on the engine's unix socket.
+    """
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if host.startswith("unix://"):
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(1.0)
+            try:
+                probe.connect(host.removeprefix("unix://"))
+            except OSError:
+                return False
+    import docker
+
+    try:
+        client = docker.from_env()
+    except Exception:  # no usable engine configuration
+        return False
+    try:
+        return bool(client.ping())
+    except Exception:  # something listens, but it is not an engine that answers
+        return False
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def cache() -> CacheConfig:
+    """The jar cache, filled if needed (idempotent, offline once filled)."""
+    config = CacheConfig(cache_dir_from_env())
+    for jar_set in JarSet:
+        fetch_jars(config, jar_set)
+    return config
+
+
+@pytest.fixture(scope="session")
+def kafka_config(
+    cache: CacheConfig, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KafkaConfig]:
+    configured = os.environ.get("EPOCHAL_KAFKA_BOOTSTRAP")
+    if configured:
+        yield KafkaConfig(configured)
+    elif _docker_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        container = (
+            KafkaContainer("confluentinc/cp-kafka:7.9.0")
+            .with_kraft()
+            .with_env("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
+            .with_env("KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS", "500")
+        )
+        with container:
+            yield KafkaConfig(container.get_bootstrap_server())
+    else:
+        broker = LocalBroker(
+            LocalBrokerConfig(
+                port=free_port_pair(),
+                data_dir=tmp_path_factory.mktemp("kafka"),
+                jar_dir=cache.jar_dir(JarSet.KAFKA_BROKER.value),
+                heap_mb=768,
+            )
+        )
+        broker.start()
+        try:
+            yield KafkaConfig(broker.config.bootstrap)
+        finally:
+            broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka(kafka_config: KafkaConfig) -> KafkaClients:
+    return KafkaClients(kafka_config)
+
+
+@pytest.fixture
+def topic_factory(kafka: KafkaClients, request: pytest.FixtureRequest) -> Callable[..., str]:
+    """Creates a topic whose name is unique to this test: ``topic_factory(partitions=3)``."""
+    base = request.node.name.replace("[", "-").replace("]", "")[:80]
+
+    def make(partitions: int = 1) -> str:
+        name = f"t.{base}.{uuid.uuid4().hex[:8]}"
+        kafka.create_topics([name], partitions=partitions)
+        return name
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def spark(cache: CacheConfig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """One ``local[2]`` Spark session with Delta and the Kafka source for the whole run."""
+    from epochal.analytics.spark import spark_session
+
+    session = spark_session(
+        SparkConfig(
+            jar_dir=cache.jar_dir(JarSet.SPARK.value),
+            app_name="epochal-tests",
+            work_dir=tmp_path_factory.mktemp("spark"),
+        )
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent

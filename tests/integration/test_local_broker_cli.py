@@ -1,0 +1,106 @@
+"""``epochal kafka start|stop|status`` as a user runs it, including the broken set-ups."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from epochal.config import CacheConfig
+from tests.conftest import free_port_pair
+
+pytestmark = pytest.mark.integration
+
+EPOCHAL = str(Path(sys.executable).parent / "epochal")
+
+
+def _epochal(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [EPOCHAL, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _broker_pids(data_dir: Path) -> list[int]:
+    found = subprocess.run(
+        ["pgrep", "-f", f"{data_dir}/server.properties"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def test_start_twice_gives_one_broker_and_stop_frees_the_port(
+    cache: CacheConfig, tmp_path: Path
+) -> None:
+    port = free_port_pair()
+    flags = ["--cache", str(cache.root), "kafka"]
+    where = ["--port", str(port), "--data-dir", str(tmp_path / "broker")]
+    try:
+        first = _epochal(*flags, "start", *where)
+        assert first.returncode == 0, first.stderr
+        assert f"running at 127.0.0.1:{port}" in first.stderr
+
+        second = _epochal(*flags, "start", *where)
+        assert second.returncode == 0, second.stderr
+        assert "already running" in second.stderr and "nothing started" in second.stderr
+        assert len(_broker_pids(tmp_path / "broker")) == 1
+
+        status = _epochal(*flags, "status", *where)
+        assert status.returncode == 0 and "running at" in status.stderr
+    finally:
+        stop = _epochal(*flags, "stop", *where)
+    assert stop.returncode == 0 and "stopped" in stop.stderr
+    assert _port_is_free(port) and _port_is_free(port + 1)
+    assert _broker_pids(tmp_path / "broker") == []
+    after = _epochal(*flags, "status", *where)
+    assert after.returncode == 3 and "not running" in after.stderr
+
+
+def test_start_without_java_says_to_install_it(cache: CacheConfig, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(Path(sys.executable).parent)  # the venv only: no java on it
+    port = free_port_pair()
+    result = _epochal(
+        "--cache", str(cache.root), "kafka", "start", "--port", str(port),
+        "--data-dir", str(tmp_path), env=env,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "Java was not found" in result.stderr and "JAVA_HOME" in result.stderr
+    assert _port_is_free(port)
+
+
+def test_start_on_a_taken_port_names_the_port(cache: CacheConfig, tmp_path: Path) -> None:
+    port = free_port_pair()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        result = _epochal(
+            "--cache", str(cache.root), "kafka", "start", "--port", str(port),
+            "--data-dir", str(tmp_path),
+        )  # fmt: skip
+    assert result.returncode == 1
+    assert f"port {port}" in result.stderr and "already in use" in result.stderr
+    assert _broker_pids(tmp_path) == []
+
+
+def test_start_without_jars_says_how_to_fetch_them(tmp_path: Path) -> None:
+    result = _epochal(
+        "--cache", str(tmp_path / "empty-cache"), "kafka", "start",
+        "--port", str(free_port_pair()), "--data-dir", str(tmp_path / "broker"),
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "jars are missing" in result.stderr and "epochal jars fetch" in result.stderr
