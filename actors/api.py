@@ -1,0 +1,250 @@
+"""What a user writes: actor types (keyed, typed state) and transactions over them.
+
+::
+
+    app = App("bank")
+
+    @app.actor(constraints={"balance >= 0": lambda a: a.balance >= 0}, key_sample=range(10_000))
+    class Account(msgspec.Struct):
+        balance: int = 0
+
+    @app.transaction(topic="transfers", event=Transfer,
+                     keys=lambda e: {Account: [e.source, e.target]})
+    def transfer(ctx: Context, e: Transfer) -> None:
+        ...
+
+A transaction is bound to an input topic (*border*), to an event type that other transactions
+``emit`` (*interior*, no topic), or is invoked by clients (``client=True``). Its ``keys`` function
+declares, from the event alone, every actor it may read or write (Calvin, TStream): the sequencer
+logs them and the engine routes by them; touching another key aborts the transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, Union
+
+import msgspec
+
+from epochal.actors.outcome import FATAL
+from epochal.errors import ConfigError, SchemaError
+from epochal.log.ordering import Routed
+from epochal.log.topics import TopicNames
+from epochal.schemas.codec import decode, encode
+from epochal.schemas.commands import ActorKey, KeyRef
+
+__all__ = ["ActorType", "App", "Handler", "KeysFn"]
+
+S = TypeVar("S", bound=msgspec.Struct)
+E = TypeVar("E")
+
+KeysFn = Callable[[Any], Mapping[type, Iterable[ActorKey]]]
+
+
+@dataclass(frozen=True)
+class ActorType:
+    """A registered actor type: its state class, key type, constraints and key sample."""
+
+    name: str
+    state: type[msgspec.Struct]
+    key_type: type
+    constraints: Mapping[str, Callable[[Any], bool]]
+    key_sample: tuple[ActorKey, ...]
+
+    def violated(self, value: Any) -> str | None:
+        """The name of the first constraint ``value`` breaks, or None."""
+        for name, check in self.constraints.items():
+            if not check(value):
+                return name
+        return None
+
+
+@dataclass(frozen=True)
+class Handler:
+    """A registered transaction handler."""
+
+    name: str
+    fn: Callable[..., Any]
+    event: type
+    keys: KeysFn
+    topic: str | None = None
+    client: bool = False
+    aborts_to: str | None = None
+
+    @property
+    def interior(self) -> bool:
+        return self.topic is None and not self.client
+
+
+@dataclass
+class App:
+    """An epochal application: a name, its actor types and its transactions."""
+
+    name: str
+    actor_types: dict[str, ActorType] = field(default_factory=dict)
+    handlers: dict[str, Handler] = field(default_factory=dict)
+    _by_class: dict[type, ActorType] = field(default_factory=dict, repr=False)
+    _by_fn: dict[Callable[..., Any], Handler] = field(default_factory=dict, repr=False)
+
+    @property
+    def topics(self) -> TopicNames:
+        return TopicNames(self.name)
+
+    def actor(
+        self,
+        *,
+        key: type = str,
+        constraints: Mapping[str, Callable[[Any], bool]] | None = None,
+        key_sample: Iterable[ActorKey] = (),
+        name: str | None = None,
+    ) -> Callable[[type[S]], type[S]]:
+        """Register a msgspec Struct (all fields with defaults) as an actor type."""
+
+        def register(cls: type[S]) -> type[S]:
+            if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):
+                raise ConfigError("an actor type must be a msgspec.Struct", actor_type=str(cls))
+            try:
+                cls()
+            except TypeError as exc:
+                raise ConfigError(
+                    "every field of an actor type needs a default (a new actor starts from it)",
+                    actor_type=cls.__name__,
+                ) from exc
+            if key not in (str, int):
+                raise ConfigError("actor keys are str or int", actor_type=cls.__name__)
+            actor_type = ActorType(
+                name or cls.__name__, cls, key, dict(constraints or {}), tuple(sorted(key_sample))
+            )
+            if actor_type.name in self.actor_types:
+                raise ConfigError("actor type registered twice", actor_type=actor_type.name)
+            self.actor_types[actor_type.name] = actor_type
+            self._by_class[cls] = actor_type
+            return cls
+
+        return register
+
+    def transaction(
+        self,
+        *,
+        event: type[E],
+        keys: KeysFn,
+        topic: str | None = None,
+        client: bool = False,
+        aborts_to: str | None = None,
+        name: str | None = None,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Register ``fn(ctx, event)`` as a transaction; see the module docstring."""
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            handler = Handler(name or fn.__name__, fn, event, keys, topic, client, aborts_to)
+            if handler.name in self.handlers:
+                raise ConfigError("transaction registered twice", handler=handler.name)
+            if handler.interior and any(
+                h.interior and h.event is event for h in self.handlers.values()
+            ):
+                raise ConfigError(
+                    "one interior transaction per emitted event type", event=event.__name__
+                )
+            self.handlers[handler.name] = handler
+            self._by_fn[fn] = handler
+            return fn
+
+        return register
+
+    # --- lookups used by the engine -------------------------------------------------------
+
+    def actor_type(self, cls: type) -> ActorType:
+        try:
+            return self._by_class[cls]
+        except KeyError:
+            raise ConfigError("not a registered actor type", actor_type=str(cls)) from None
+
+    def handler_for_fn(self, fn: Callable[..., Any]) -> Handler:
+        try:
+            return self._by_fn[fn]
+        except KeyError:
+            raise ConfigError("not a registered transaction", handler=str(fn)) from None
+
+    def interior_handler(self, event: object) -> Handler:
+        for handler in self.handlers.values():
+            if handler.interior and isinstance(event, handler.event):
+                return handler
+        raise ConfigError("no transaction handles this emitted event", event=type(event).__name__)
+
+    def topic_handlers(self, topic: str) -> list[Handler]:
+        """Handlers of one input topic, by its short name (``transfers``) or full name."""
+        short = topic.removeprefix(f"{self.name}.in.")
+        return [h for h in self.handlers.values() if h.topic == short]
+
+    def declared_keys(self, handler: Handler, event: object) -> tuple[KeyRef, ...]:
+        """The handler's key set for one event, checked and sorted (a deterministic order)."""
+        refs: set[KeyRef] = set()
+        for cls, keys in handler.keys(event).items():
+            actor_type = self.actor_type(cls)
+            for key in keys:
+                if type(key) is not actor_type.key_type:
+                    raise SchemaError(
+                        f"key {key!r} of {actor_type.name} is not a {actor_type.key_type.__name__}",
+                        handler=handler.name,
+                    )
+                refs.add(KeyRef(actor_type.name, key))
+        return tuple(sorted(refs))
+
+    def decode_event(self, handler: Handler, data: bytes) -> Any:
+        return decode(data, handler.event)
+
+    # --- the sequencer's Router ----------------------------------------------------------
+
+    def route(self, topic: str, value: bytes) -> Routed:
+        """The transaction an input record invokes; SchemaError (to the DLQ) if none."""
+        handlers = self.topic_handlers(topic)
+        if not handlers:
+            raise SchemaError("no transaction reads this topic", topic=topic)
+        event: object
+        if len(handlers) == 1:
+            event = decode(value, handlers[0].event)
+        else:  # several event types on one topic: a msgspec tagged union tells them apart
+            types = tuple(h.event for h in handlers)
+            try:
+                event = decode(value, Union[types])  # type: ignore[arg-type]  # noqa: UP007
+            except SchemaError as exc:
+                names = ", ".join(t.__name__ for t in types)
+                kind = "unknown event type" if "`$.type`" in exc.message else "invalid event"
+                reason = f"{kind} (the topic takes {names}): {exc.message}"
+                raise SchemaError(reason, topic=topic) from exc
+        handler = next(h for h in handlers if isinstance(event, h.event))
+        return self._routed(handler, event)
+
+    def route_request(self, handler_name: str, event: bytes) -> Routed:
+        """The client transaction a request invokes; SchemaError (to the DLQ) if none."""
+        handler = self.handlers.get(handler_name)
+        if handler is None or not handler.client:
+            raise SchemaError("no client transaction of this name", handler=handler_name)
+        return self._routed(handler, decode(event, handler.event))
+
+    def _routed(self, handler: Handler, event: object) -> Routed:
+        try:
+            keys = self.declared_keys(handler, event)
+        except (SchemaError, *FATAL):
+            raise
+        except Exception as exc:  # a bug in the user's key function: this record is a dead letter
+            raise SchemaError(
+                f"key function failed: {type(exc).__name__}: {exc}", handler=handler.name
+            ) from exc
+        return Routed(handler.name, encode(event), keys)
+
+    def code_hash(self) -> str:
+        """A hash of the source of every module that defines this app's actors or handlers."""
+        objects: list[Any] = [a.state for a in self.actor_types.values()]
+        objects += [h.fn for h in self.handlers.values()]
+        modules = {m.__name__: m for m in map(inspect.getmodule, objects) if m is not None}
+        digest = hashlib.sha256()
+        for module_name in sorted(modules):
+            try:
+                digest.update(inspect.getsource(modules[module_name]).encode())
+            except (OSError, TypeError):  # no source (frozen, interactive): the name must do
+                digest.update(module_name.encode())
+        return digest.hexdigest()[:16]

@@ -1,0 +1,162 @@
+"""A test application that exercises every path of the engine, and a workload generator.
+
+Transfers between accounts spread over partitions (multi-partition transactions), a constraint
+(balance >= 0), a handler that touches an undeclared key, interior transactions (audits) that
+sometimes abort, a count window, ctx.random and ctx.now, egress and deletes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import msgspec
+from hypothesis import strategies as st
+
+from epochal.actors.api import App
+from epochal.actors.context import Context
+from epochal.actors.windows import CountWindow
+from epochal.log.ordering import EpochStamp, order
+from epochal.schemas.codec import encode
+from epochal.schemas.commands import EpochRecord, InputRecord
+
+ACCOUNTS = 40
+app = App("testbank")
+
+
+@app.actor(
+    key=int, constraints={"balance >= 0": lambda a: a.balance >= 0}, key_sample=range(ACCOUNTS)
+)
+class Account(msgspec.Struct):
+    balance: int = 0
+    touched: int = 0
+
+
+@app.actor(key=str, key_sample=["audit"])
+class AuditLog(msgspec.Struct):
+    count: int = 0
+    total: int = 0
+    lucky: float = 0.0
+    recent: CountWindow[int] = msgspec.field(default_factory=lambda: CountWindow(size=5, slide=2))
+    slides: int = 0
+
+
+class Deposit(msgspec.Struct, frozen=True, tag=True):
+    account: int
+    amount: int
+
+
+class Transfer(msgspec.Struct, frozen=True, tag=True):
+    source: int
+    target: int
+    amount: int
+
+
+class Close(msgspec.Struct, frozen=True, tag=True):
+    account: int
+
+
+class Sneaky(msgspec.Struct, frozen=True, tag=True):
+    account: int
+
+
+class Audit(msgspec.Struct, frozen=True):
+    source: int
+    amount: int
+
+
+class Receipt(msgspec.Struct, frozen=True):
+    source: int
+    target: int
+    amount: int
+    at_ms: int
+
+
+@app.transaction(topic="ops", event=Deposit, keys=lambda e: {Account: [e.account]})
+def deposit(ctx: Context, e: Deposit) -> None:
+    account = ctx.get(Account, e.account)
+    account.balance += e.amount
+    account.touched += 1
+    ctx.put(e.account, account)
+
+
+@app.transaction(
+    topic="ops",
+    event=Transfer,
+    keys=lambda e: {Account: [e.source, e.target]},
+    aborts_to="errors",
+    client=True,
+)
+def transfer(ctx: Context, e: Transfer) -> None:
+    if e.source == e.target:
+        raise ValueError("transfer to itself")
+    source, target = ctx.get(Account, e.source), ctx.get(Account, e.target)
+    source.balance -= e.amount  # may break balance >= 0: then the whole transfer aborts
+    target.balance += e.amount
+    source.touched += 1
+    target.touched += 1
+    ctx.put(e.source, source)
+    ctx.put(e.target, target)
+    ctx.egress("receipts", Receipt(e.source, e.target, e.amount, ctx.now()))
+    if e.amount >= 30:
+        ctx.emit(Audit(e.source, e.amount))
+
+
+@app.transaction(topic="ops", event=Close, keys=lambda e: {Account: [e.account]})
+def close(ctx: Context, e: Close) -> None:
+    if ctx.get(Account, e.account).balance != 0:
+        raise ValueError("only an empty account can be closed")
+    ctx.delete(Account, e.account)
+
+
+@app.transaction(topic="ops", event=Sneaky, keys=lambda e: {Account: [e.account]})
+def sneaky(ctx: Context, e: Sneaky) -> None:
+    account = ctx.get(Account, e.account)
+    account.balance += 1
+    ctx.put(e.account, account)
+    with contextlib.suppress(Exception):  # not declared: aborts even though it is caught
+        ctx.get(Account, e.account + 1)
+
+
+@app.transaction(event=Audit, keys=lambda e: {AuditLog: ["audit"], Account: [e.source]})
+def audit(ctx: Context, e: Audit) -> None:
+    if e.amount % 7 == 0:
+        raise RuntimeError("auditor dislikes multiples of 7")
+    log = ctx.get(AuditLog, "audit")
+    log.count += 1
+    log.total += e.amount
+    log.lucky = ctx.random()
+    if log.recent.add(e.amount):
+        log.slides += 1
+    ctx.put("audit", log)
+    account = ctx.get(Account, e.source)
+    account.touched += 100
+    ctx.put(e.source, account)
+
+
+# mostly a few hot accounts spread over every partition, so that transactions conflict often
+keys = st.one_of(st.sampled_from(range(0, ACCOUNTS, 5)), st.integers(0, ACCOUNTS - 1))
+operations = st.one_of(
+    st.builds(Deposit, keys, st.integers(1, 100)),
+    st.builds(Transfer, keys, keys, st.integers(1, 80)),
+    st.builds(Close, keys),
+    st.builds(Sneaky, keys),
+)
+# a batch per epoch; b"\xc1" is never valid msgpack: a dead letter among the valid records
+batches = st.lists(
+    st.lists(st.one_of(operations, st.just(b"\xc1")), max_size=25), min_size=1, max_size=6
+)
+
+
+def command_log(batches: Sequence[Sequence[object]], partitions: int = 3) -> list[EpochRecord]:
+    """Sequence the batches as the sequencer would, spreading records over input partitions."""
+    records, offset = [], 0
+    for epoch, batch in enumerate(batches):
+        inputs = []
+        for op in batch:
+            value = op if isinstance(op, bytes) else encode(op)
+            inputs.append(InputRecord("testbank.in.ops", offset % partitions, offset, value))
+            offset += 1
+        stamp = EpochStamp(epoch, 1_000_000 + epoch * 20, 1234 + epoch, app.code_hash())
+        records.append(order(app, stamp, inputs).record)
+    return records
