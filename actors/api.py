@@ -43,6 +43,9 @@ E = TypeVar("E")
 
 KeysFn = Callable[[Any], Mapping[type, Iterable[ActorKey]]]
 
+# from a key function, these are not its bug: a wrong key type (already a SchemaError) or a crash
+_NOT_A_KEY_BUG: tuple[type[BaseException], ...] = (SchemaError, *FATAL)
+
 
 @dataclass(frozen=True)
 class ActorType:
@@ -228,7 +231,7 @@ class App:
     def _routed(self, handler: Handler, event: object) -> Routed:
         try:
             keys = self.declared_keys(handler, event)
-        except (SchemaError, *FATAL):
+        except _NOT_A_KEY_BUG:
             raise
         except Exception as exc:  # a bug in the user's key function: this record is a dead letter
             raise SchemaError(
