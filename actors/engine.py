@@ -1,8 +1,12 @@
-"""Several partitions on one asyncio loop, executing command-log epochs one after another.
+"""The partitions of one worker on one asyncio loop, executing command-log epochs in order.
 
-The partitions exchange reads through :class:`LocalExchange` (direct delivery, no copies: a
-stored value is never mutated, writes replace it). A worker process runs one of these; the
-exchange between workers is the same protocol over TCP.
+Partition ``p`` of ``P`` belongs to worker ``p * W // P`` (contiguous blocks, so neighbouring
+key ranges share a process). Reads for a partition of the same worker are delivered directly;
+others go to the owning worker over TCP (:mod:`epochal.actors.transport`) - one protocol. At the
+end of each epoch every worker announces the events its transactions emitted and waits for the
+others', so that all derive the same interior transactions for the next epoch.
+
+:class:`LocalEngine` is the one-worker case: all partitions in this process, no network.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -19,59 +24,133 @@ from epochal.actors.executor import PartitionExecutor, Reads
 from epochal.actors.outcome import TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import Emitted, EpochClock, emitted_by, plan_epoch
+from epochal.actors.transport import DoneFrame, EmitItem, Peers, ReadItem, ReadsFrame
+from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import EpochRecord, KeyRef, PartitionId
 
-__all__ = ["EpochResult", "LocalEngine", "LocalExchange"]
+__all__ = ["Engine", "EpochResult", "LocalEngine", "owner_of"]
 
 
-class LocalExchange:
-    """Delivers reads straight to partitions of the same process."""
-
-    def __init__(self, partitions: dict[PartitionId, PartitionExecutor]) -> None:
-        self._partitions = partitions
-
-    def send(self, to: PartitionId, epoch: int, seq: int, reads: Reads) -> None:
-        self._partitions[to].receive(epoch, seq, reads)
-
-    async def flush(self) -> None:
-        await asyncio.sleep(0)  # let the receivers run
+def owner_of(partition: int, partitions: int, workers: int) -> int:
+    """The worker that runs a partition."""
+    return partition * workers // partitions
 
 
 @dataclass(frozen=True)
 class EpochResult:
-    """The outcomes of one epoch in timestamp order, and the state digest after it."""
+    """The outcomes this worker reports for one epoch, in timestamp order, and its digest after."""
 
     epoch: int
     outcomes: tuple[TxnOutcome, ...]
     digest: str
 
 
-class LocalEngine:
-    """All partitions of a cluster in one process.
+class Engine:
+    """One worker's partitions; give it :class:`Peers` when there are several workers.
 
-    >>> engine = LocalEngine(app, partitions=4)
-    >>> results = asyncio.run(engine.run(epoch_records))
+    >>> engine = Engine(app, partitions=4, worker=0, workers=2, peers=peers)
+    >>> result = await engine.run_epoch(record)
     """
 
-    def __init__(self, app: App, partitions: int) -> None:
+    def __init__(
+        self,
+        app: App,
+        partitions: int,
+        worker: int = 0,
+        workers: int = 1,
+        peers: Peers | None = None,
+    ) -> None:
+        if workers > 1 and peers is None:
+            raise ValueError("several workers need peers to exchange with")
         self.app = app
+        self.worker = worker
+        self.workers = workers
+        self.total = partitions
         self.ranges = KeyRanges.even(app, partitions)
         self.partitions = {
             PartitionId(p): PartitionExecutor(PartitionId(p), app, self.ranges)
             for p in range(partitions)
+            if owner_of(p, partitions, workers) == worker
         }
-        self.exchange = LocalExchange(self.partitions)
+        self.peers = peers
         self.carried: list[Emitted] = []
+        self._done: dict[int, dict[int, list[EmitItem]]] = {}
+        self._done_arrived = asyncio.Event()
+
+    # --- the Exchange protocol ---------------------------------------------------------------
+
+    def send(self, to: PartitionId, epoch: int, seq: int, reads: Reads) -> None:
+        local = self.partitions.get(to)
+        if local is not None:
+            local.receive(epoch, seq, reads)
+            return
+        assert self.peers is not None
+        items = [
+            ReadItem(ref.actor_type, ref.key, None if value is None else encode(value))
+            for ref, value in reads.items()
+        ]
+        owner = owner_of(to, self.total, self.workers)
+        self.peers.send(owner, ReadsFrame(self.peers.generation, epoch, seq, to, items))
+
+    async def flush(self) -> None:
+        if self.peers is not None:
+            await self.peers.flush()
+        await asyncio.sleep(0)  # let the receivers run
+
+    def on_frame(self, frame: ReadsFrame | DoneFrame) -> None:
+        """Frames from other workers (the transport calls this)."""
+        if isinstance(frame, ReadsFrame):
+            reads: Reads = {
+                KeyRef(item.actor_type, item.key): None
+                if item.value is None
+                else decode(item.value, self.app.actor_types[item.actor_type].state)
+                for item in frame.items
+            }
+            self.partitions[PartitionId(frame.to)].receive(frame.epoch, frame.seq, reads)
+        else:
+            self._done.setdefault(frame.epoch, {})[frame.worker] = frame.emits
+            self._done_arrived.set()
+
+    # --- epochs ----------------------------------------------------------------------------
 
     async def run_epoch(self, record: EpochRecord) -> EpochResult:
         clock = EpochClock.of(record)
         plan = plan_epoch(self.app, record, self.carried)
         reported = await asyncio.gather(
-            *(p.run_epoch(clock, plan, self.exchange) for p in self.partitions.values())
+            *(p.run_epoch(clock, plan, self) for p in self.partitions.values())
         )
         outcomes = tuple(sorted((o for part in reported for o in part), key=lambda o: o.seq))
-        self.carried = emitted_by(outcomes)
+        emitted = emitted_by(outcomes)
+        if self.peers is not None:
+            emitted += await self._exchange_emits(record.epoch, emitted)
+        self.carried = sorted(emitted, key=lambda e: (e.epoch, e.seq, e.index))
         return EpochResult(record.epoch, outcomes, self.digest())
+
+    async def _exchange_emits(self, epoch: int, mine: list[Emitted]) -> list[Emitted]:
+        """Announce this worker's emits for ``epoch`` and collect every other worker's."""
+        assert self.peers is not None
+        items = [
+            EmitItem(
+                e.epoch, e.seq, e.index, self.app.interior_handler(e.event).name, encode(e.event)
+            )
+            for e in mine
+        ]
+        self.peers.broadcast(DoneFrame(self.peers.generation, epoch, self.worker, items))
+        await self.peers.flush()
+        while len(self._done.get(epoch, {})) < self.workers - 1:
+            self._done_arrived.clear()
+            waiter: asyncio.Future[Any] = asyncio.ensure_future(self._done_arrived.wait())
+            watched: list[asyncio.Future[Any]] = [waiter, self.peers.failed]
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            if self.peers.failed.done():
+                waiter.cancel()
+                self.peers.failed.result()  # raises the transport's error
+        theirs = self._done.pop(epoch)
+        return [
+            Emitted(i.epoch, i.seq, i.index, decode(i.event, self.app.handlers[i.handler].event))
+            for items_of in theirs.values()
+            for i in items_of
+        ]
 
     async def run(self, records: Iterable[EpochRecord]) -> list[EpochResult]:
         return [await self.run_epoch(record) for record in records]
@@ -81,4 +160,12 @@ class LocalEngine:
             yield from partition.store.items()
 
     def digest(self) -> str:
+        """The digest of this worker's partitions (all of them for a one-worker engine)."""
         return state_digest(self.items())
+
+
+class LocalEngine(Engine):
+    """All partitions in this process: ``asyncio.run(LocalEngine(app, 4).run(records))``."""
+
+    def __init__(self, app: App, partitions: int) -> None:
+        super().__init__(app, partitions)

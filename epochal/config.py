@@ -17,6 +17,7 @@ __all__ = [
     "CacheConfig",
     "KafkaConfig",
     "LocalBrokerConfig",
+    "SequencerConfig",
     "SparkConfig",
     "cache_dir_from_env",
 ]
@@ -129,3 +130,21 @@ class SparkConfig:
             f"SparkConfig(master={self.master!r}, app_name={self.app_name!r}, "
             f"jar_dir={str(self.jar_dir)!r}, conf={_redacted(self.conf)!r})"
         )
+
+
+@dataclass(frozen=True)
+class SequencerConfig:
+    """When the sequencer closes an epoch, and how it talks to Kafka.
+
+    An epoch closes after ``epoch_ms`` milliseconds or ``max_records`` records, whichever comes
+    first. With no input, an empty epoch is still logged every ``idle_epoch_ms`` so that interior
+    transactions emitted by the last epoch run. ``transaction_timeout_ms`` is the Kafka
+    producer's: a crashed sequencer's open transaction is aborted by the broker after it.
+    """
+
+    app: str
+    epoch_ms: int = 20
+    max_records: int = 5000
+    idle_epoch_ms: int = 100
+    transaction_timeout_ms: int = 10_000
+    chunk_bytes: int = 512 * 1024

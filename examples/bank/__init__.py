@@ -1,0 +1,1 @@
+"""TSpoon's bank transfers; the app is ``examples.bank.app:app``."""
