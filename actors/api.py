@@ -36,7 +36,7 @@ from epochal.log.topics import TopicNames
 from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import ActorKey, KeyRef
 
-__all__ = ["ActorType", "App", "Handler", "KeysFn"]
+__all__ = ["ActorType", "App", "Handler", "KeysFn", "load_app"]
 
 S = TypeVar("S", bound=msgspec.Struct)
 E = TypeVar("E")
@@ -251,3 +251,19 @@ class App:
             except (OSError, TypeError):  # no source (frozen, interactive): the name must do
                 digest.update(module_name.encode())
         return digest.hexdigest()[:16]
+
+
+def load_app(spec: str, name: str | None = None) -> App:
+    """The App at ``module:attribute`` (``examples.bank.app:app``); ``name`` renames its topics."""
+    import importlib
+
+    module_name, _, attribute = spec.partition(":")
+    try:
+        app = getattr(importlib.import_module(module_name), attribute or "app")
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load the app: {exc}", app=spec) from exc
+    if not isinstance(app, App):
+        raise ConfigError("not an epochal App", app=spec)
+    if name:
+        app.name = name
+    return app

@@ -12,14 +12,14 @@ others', so that all derive the same interior transactions for the next epoch.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import msgspec
 
 from epochal.actors.api import App
-from epochal.actors.digest import state_digest
+from epochal.actors.digest import DigestSum
 from epochal.actors.executor import PartitionExecutor, Reads
 from epochal.actors.outcome import TxnOutcome
 from epochal.actors.partitioning import KeyRanges
@@ -30,6 +30,8 @@ from epochal.schemas.commands import EpochRecord, KeyRef, PartitionId
 
 __all__ = ["Engine", "EpochResult", "LocalEngine", "owner_of"]
 
+T = TypeVar("T")
+
 
 def owner_of(partition: int, partitions: int, workers: int) -> int:
     """The worker that runs a partition."""
@@ -38,11 +40,15 @@ def owner_of(partition: int, partitions: int, workers: int) -> int:
 
 @dataclass(frozen=True)
 class EpochResult:
-    """The outcomes this worker reports for one epoch, in timestamp order, and its digest after."""
+    """The outcomes this worker reports for one epoch, in timestamp order, and its digest after.
+
+    ``by_partition`` says which partition reported which outcomes (each commits its own egress).
+    """
 
     epoch: int
     outcomes: tuple[TxnOutcome, ...]
     digest: str
+    by_partition: dict[PartitionId, list[TxnOutcome]] = field(default_factory=dict)
 
 
 class Engine:
@@ -59,6 +65,8 @@ class Engine:
         worker: int = 0,
         workers: int = 1,
         peers: Peers | None = None,
+        *,
+        track_digest: bool = True,
     ) -> None:
         if workers > 1 and peers is None:
             raise ValueError("several workers need peers to exchange with")
@@ -68,11 +76,15 @@ class Engine:
         self.total = partitions
         self.ranges = KeyRanges.even(app, partitions)
         self.partitions = {
-            PartitionId(p): PartitionExecutor(PartitionId(p), app, self.ranges)
+            PartitionId(p): PartitionExecutor(
+                PartitionId(p), app, self.ranges, digest=DigestSum() if track_digest else None
+            )
             for p in range(partitions)
             if owner_of(p, partitions, workers) == worker
         }
         self.peers = peers
+        if peers is not None:
+            peers.on_frame = self.on_frame
         self.carried: list[Emitted] = []
         self._done: dict[int, dict[int, list[EmitItem]]] = {}
         self._done_arrived = asyncio.Event()
@@ -116,15 +128,16 @@ class Engine:
     async def run_epoch(self, record: EpochRecord) -> EpochResult:
         clock = EpochClock.of(record)
         plan = plan_epoch(self.app, record, self.carried)
-        reported = await asyncio.gather(
-            *(p.run_epoch(clock, plan, self) for p in self.partitions.values())
+        reported = await self._unless_peers_fail(
+            asyncio.gather(*(p.run_epoch(clock, plan, self) for p in self.partitions.values()))
         )
         outcomes = tuple(sorted((o for part in reported for o in part), key=lambda o: o.seq))
         emitted = emitted_by(outcomes)
         if self.peers is not None:
             emitted += await self._exchange_emits(record.epoch, emitted)
         self.carried = sorted(emitted, key=lambda e: (e.epoch, e.seq, e.index))
-        return EpochResult(record.epoch, outcomes, self.digest())
+        by_partition = dict(zip(self.partitions, reported, strict=True))
+        return EpochResult(record.epoch, outcomes, self.digest(), by_partition)
 
     async def _exchange_emits(self, epoch: int, mine: list[Emitted]) -> list[Emitted]:
         """Announce this worker's emits for ``epoch`` and collect every other worker's."""
@@ -139,18 +152,25 @@ class Engine:
         await self.peers.flush()
         while len(self._done.get(epoch, {})) < self.workers - 1:
             self._done_arrived.clear()
-            waiter: asyncio.Future[Any] = asyncio.ensure_future(self._done_arrived.wait())
-            watched: list[asyncio.Future[Any]] = [waiter, self.peers.failed]
-            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-            if self.peers.failed.done():
-                waiter.cancel()
-                self.peers.failed.result()  # raises the transport's error
+            await self._unless_peers_fail(self._done_arrived.wait())
         theirs = self._done.pop(epoch)
         return [
             Emitted(i.epoch, i.seq, i.index, decode(i.event, self.app.handlers[i.handler].event))
             for items_of in theirs.values()
             for i in items_of
         ]
+
+    async def _unless_peers_fail(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable``, or raise the transport's error as soon as a peer is lost."""
+        task = asyncio.ensure_future(awaitable)
+        if self.peers is None:
+            return await task
+        watched: list[asyncio.Future[Any]] = [task, self.peers.failed]
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            self.peers.failed.result()  # raises the transport's error
+        return task.result()
 
     async def run(self, records: Iterable[EpochRecord]) -> list[EpochResult]:
         return [await self.run_epoch(record) for record in records]
@@ -160,8 +180,15 @@ class Engine:
             yield from partition.store.items()
 
     def digest(self) -> str:
-        """The digest of this worker's partitions (all of them for a one-worker engine)."""
-        return state_digest(self.items())
+        """The digest of this worker's partitions (all of them for a one-worker engine).
+
+        Empty when digests are not tracked. Add the ``total`` of each worker's partitions
+        (``DigestSum``) to get a cluster's digest.
+        """
+        shares = [p.digest for p in self.partitions.values()]
+        if any(share is None for share in shares):
+            return ""
+        return DigestSum(sum(share.total for share in shares if share is not None)).hex()
 
 
 class LocalEngine(Engine):

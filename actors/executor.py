@@ -27,6 +27,7 @@ import msgspec
 
 from epochal.actors.api import App
 from epochal.actors.context import run_transaction
+from epochal.actors.digest import DigestSum
 from epochal.actors.outcome import TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import EpochClock, Invocation
@@ -63,6 +64,7 @@ class PartitionExecutor:
     app: App
     ranges: KeyRanges
     store: dict[KeyRef, msgspec.Struct] = field(default_factory=dict)
+    digest: DigestSum | None = field(default_factory=DigestSum)  # None: not tracked
     _inbox: dict[tuple[int, int], Reads] = field(default_factory=dict)
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -148,9 +150,10 @@ class PartitionExecutor:
         for ref, value in outcome.writes.items():
             if self.ranges.partition_of(ref) != self.pid:
                 continue
-            if value is None:
-                self.store.pop(ref, None)
-            else:
+            old = self.store.pop(ref, None) if value is None else self.store.get(ref)
+            if value is not None:
                 self.store[ref] = value
+            if self.digest is not None:
+                self.digest.replace(ref, old, value)
         if step.participants[0] == self.pid:
             reported.append(outcome)

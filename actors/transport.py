@@ -92,19 +92,20 @@ class Peers:
     """This worker's server and its connections to every other worker.
 
     ``addresses[w]`` is worker w's listen address (``host:port``); peers come from config, so
-    workers on several hosts are only configuration.
+    workers on several hosts are only configuration. The engine that uses the peers sets
+    ``on_frame`` to receive what arrives.
     """
 
     worker: int
     addresses: list[str]
     generation: int
-    on_frame: Callable[[ReadsFrame | DoneFrame], None]
+    on_frame: Callable[[ReadsFrame | DoneFrame], None] = field(default=lambda frame: None)
     connect_timeout_s: float = 30.0
     failed: asyncio.Future[None] = field(init=False)
     _writers: dict[int, asyncio.StreamWriter] = field(default_factory=dict)
     _buffers: dict[int, list[bytes]] = field(default_factory=dict)
     _server: asyncio.Server | None = None
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _closing: bool = False
 
     async def start(self) -> None:
         self.failed = asyncio.get_running_loop().create_future()
@@ -144,12 +145,12 @@ class Peers:
                 writer = self._writers[to]
                 writer.write(b"".join(chunks))
                 chunks.clear()
-                await writer.drain()
+                try:
+                    await writer.drain()
+                except ConnectionError as exc:
+                    raise TransportError("a peer went away", worker=to) from exc
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
         try:
             while True:
                 header = await reader.readexactly(_LENGTH.size)
@@ -159,6 +160,8 @@ class Peers:
                 if not isinstance(frame, HelloFrame):
                     self.on_frame(frame)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            if self._closing:
+                return
             if not self.failed.done():
                 self.failed.set_exception(TransportError("a peer went away", worker=self.worker))
             logger.warning("peer connection lost worker=%d: %s", self.worker, exc)
@@ -166,11 +169,13 @@ class Peers:
             writer.close()
 
     async def close(self) -> None:
+        """Close connections; the peers' handlers end on EOF, nothing is cancelled mid-frame."""
+        self._closing = True
         for writer in self._writers.values():
             writer.close()
         if self._server is not None:
             self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
         if not self.failed.done():
             self.failed.cancel()
+        elif not self.failed.cancelled():
+            self.failed.exception()  # retrieved: the worker is stopping because of it anyway

@@ -1,4 +1,4 @@
-"""The ``epochal`` command: ``jars fetch``, ``kafka start|stop|status``, ``demo``.
+"""The ``epochal`` command: ``run``, ``jars fetch``, ``kafka start|stop|status``, ``demo``.
 
 Config objects are built here, once, from flags and the environment (``EPOCHAL_CACHE``); library
 code never reads the environment. An :class:`EpochalError` ends the command with its message and
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,8 +17,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.logging import RichHandler
 
-from epochal.config import CacheConfig, LocalBrokerConfig, cache_dir_from_env
-from epochal.errors import EpochalError
+from epochal.actors.api import load_app
+from epochal.config import (
+    CacheConfig,
+    KafkaConfig,
+    LocalBrokerConfig,
+    SequencerConfig,
+    WorkerConfig,
+    cache_dir_from_env,
+)
+from epochal.errors import ConfigError, EpochalError
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.local_broker import LocalBroker
 
@@ -85,6 +94,50 @@ def _kafka_status(args: argparse.Namespace) -> int:
     return 3  # like `systemctl status`: not running is not success
 
 
+def _settings(pairs: list[str]) -> dict[str, str]:
+    """``-X key=value`` pairs: librdkafka settings passed through (SASL, SSL, timeouts)."""
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"-X takes key=value, got {pair!r}")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def _run(args: argparse.Namespace) -> int:
+    from epochal.actors.layout import numa_cpus
+    from epochal.actors.supervisor import ClusterConfig, Supervisor
+
+    sys.path.insert(0, os.getcwd())  # like `python -m`: apps in the working directory import
+    workers = args.workers or sum(len(node) for node in numa_cpus())
+    partitions = args.partitions or 2 * workers
+    peers = (
+        tuple(args.peers.split(","))
+        if args.peers
+        else tuple(f"127.0.0.1:{args.port_base + w}" for w in range(workers))
+    )
+    if len(peers) != workers:
+        raise ConfigError(f"--peers names {len(peers)} workers, --workers says {workers}")
+    app_name = args.name or load_app(args.app).name
+    config = ClusterConfig(
+        app_spec=args.app,
+        app_name=args.name,
+        kafka=KafkaConfig(args.bootstrap, _settings(args.kafka_setting)),
+        sequencer=SequencerConfig(app_name, epoch_ms=args.epoch_ms, max_records=args.epoch_records),
+        worker=WorkerConfig(
+            app_name, workers=workers, partitions=partitions, peers=peers,
+            metrics_port=args.metrics_port, allow_code_change=args.allow_code_change,
+        ),
+        input_partitions=args.input_partitions,
+    )  # fmt: skip
+    console.print(
+        f"running {args.app} as {app_name!r}: {workers} workers, {partitions} partitions, "
+        f"Kafka at {args.bootstrap} (Ctrl-C or SIGTERM stops)"
+    )
+    return Supervisor(config).run()
+
+
 def _demo(args: argparse.Namespace) -> int:
     from epochal.demo import run_demo  # pulls in Spark; only this command needs it
 
@@ -114,6 +167,24 @@ def _parser() -> argparse.ArgumentParser:
     kafka.add_argument("action", choices=["start", "stop", "status"])
     broker_flags(kafka)
     kafka.set_defaults(handler=_kafka_dispatch)
+
+    run = commands.add_parser("run", help="run an app: sequencer and workers on Kafka")
+    run.add_argument("app", help="module:attribute of the App, e.g. examples.bank.app:app")
+    run.add_argument("--name", help="app name for topics and ids (default: the App's)")
+    run.add_argument("--workers", type=int, default=0, help="worker processes (default: cores)")
+    run.add_argument("--partitions", type=int, default=0, help="partitions (default 2 per worker)")
+    run.add_argument("--epoch-ms", type=int, default=20, help="close an epoch after this long")
+    run.add_argument("--epoch-records", type=int, default=5000, help="... or this many records")
+    run.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap servers")
+    run.add_argument("-X", dest="kafka_setting", action="append", default=[], metavar="KEY=VALUE",
+                     help="librdkafka setting, e.g. -X security.protocol=SSL")  # fmt: skip
+    run.add_argument("--peers", help="host:port of every worker, comma-separated")
+    run.add_argument("--port-base", type=int, default=7600, help="local worker ports from here")
+    run.add_argument("--input-partitions", type=int, default=1, help="partitions of new topics")
+    run.add_argument("--metrics-port", type=int, default=0, help="Prometheus port base (0: off)")
+    run.add_argument("--allow-code-change", action="store_true",
+                     help="replay a command log written by other code")  # fmt: skip
+    run.set_defaults(handler=_run)
 
     demo = commands.add_parser("demo", help="run the demo on a local broker, Spark and warehouse")
     demo.add_argument("--warehouse", default="warehouse", help="Delta warehouse root")

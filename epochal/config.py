@@ -19,6 +19,7 @@ __all__ = [
     "LocalBrokerConfig",
     "SequencerConfig",
     "SparkConfig",
+    "WorkerConfig",
     "cache_dir_from_env",
 ]
 
@@ -72,6 +73,9 @@ class KafkaConfig:
     def client_settings(self, **overrides: Any) -> dict[str, Any]:
         """librdkafka settings: bootstrap, then the pass-through settings, then overrides."""
         return {"bootstrap.servers": self.bootstrap_servers, **self.settings, **overrides}
+
+    def __reduce__(self) -> tuple[type[KafkaConfig], tuple[str, dict[str, str]]]:
+        return (KafkaConfig, (self.bootstrap_servers, dict(self.settings)))  # to child processes
 
     def __repr__(self) -> str:
         return (
@@ -148,3 +152,28 @@ class SequencerConfig:
     idle_epoch_ms: int = 100
     transaction_timeout_ms: int = 10_000
     chunk_bytes: int = 512 * 1024
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """One worker process of a cluster of ``workers``, running its share of ``partitions``.
+
+    ``peers[w]`` is worker w's ``host:port`` for the exchange between workers (from config, so
+    the workers may live on several hosts). ``generation`` is the cluster generation this worker
+    belongs to; frames of another generation are dropped. Egress commits at most every
+    ``egress_interval_ms``. ``cpu`` pins the process when set. ``metrics_port`` 0 disables the
+    Prometheus endpoint.
+    """
+
+    app: str
+    worker: int = 0
+    workers: int = 1
+    partitions: int = 4
+    peers: tuple[str, ...] = ()
+    generation: int = 1
+    egress_interval_ms: int = 50
+    transaction_timeout_ms: int = 10_000
+    track_digest: bool = False
+    cpu: int | None = None
+    metrics_port: int = 0
+    allow_code_change: bool = False

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from epochal.errors import LogError
 from epochal.log.client import KafkaClients
@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "CommandLogReader",
     "EpochAssembler",
+    "EpochPoller",
     "KafkaCommandLog",
     "LoggedEpoch",
     "MemoryCommandLog",
@@ -113,6 +114,36 @@ class MemoryCommandLog:
                 yield logged
 
 
+class EpochPoller:
+    """Polls the command log from a position; ``poll`` returns the epochs completed meanwhile."""
+
+    def __init__(self, clients: KafkaClients, topic: str, start: int) -> None:
+        self.topic = topic
+        self._consumer = clients.assigned_consumer(
+            topic, {0: start}, **{"isolation.level": "read_committed"}
+        )
+        self._assembler = EpochAssembler()
+
+    def poll(self, timeout_s: float, max_chunks: int = 500) -> list[LoggedEpoch]:
+        out = []
+        for message in self._consumer.consume(num_messages=max_chunks, timeout=timeout_s):
+            if message.error() is not None:
+                raise LogError(
+                    f"reading the command log failed: {message.error()}", topic=self.topic
+                )
+            logged = self._assembler.add(message.offset() or 0, message.value() or b"")
+            if logged is not None:
+                out.append(logged)
+        return out
+
+    def position(self) -> int:
+        (position,) = self._consumer.position([TopicPartition(self.topic, 0)])
+        return int(position.offset)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
 class KafkaCommandLog:
     """Reads the command log topic (one partition) with ``read_committed``.
 
@@ -122,6 +153,9 @@ class KafkaCommandLog:
     def __init__(self, clients: KafkaClients, topic: str) -> None:
         self.clients = clients
         self.topic = topic
+
+    def poller(self, start: int = 0) -> EpochPoller:
+        return EpochPoller(self.clients, self.topic, start)
 
     def epochs(
         self,
@@ -134,26 +168,11 @@ class KafkaCommandLog:
         end = self.clients.end_offset(self.topic) if to_end else None
         if end is not None and start >= end:
             return
-        consumer = self.clients.assigned_consumer(
-            self.topic, {0: start}, **{"isolation.level": "read_committed"}
-        )
-        assembler = EpochAssembler()
+        poller = self.poller(start)
         try:
             while not should_stop():
-                if end is not None and _position(consumer, self.topic) >= end:
+                if end is not None and poller.position() >= end:
                     return
-                for message in consumer.consume(num_messages=500, timeout=poll_s):
-                    if message.error() is not None:
-                        raise LogError(
-                            f"reading the command log failed: {message.error()}", topic=self.topic
-                        )
-                    logged = assembler.add(message.offset() or 0, message.value() or b"")
-                    if logged is not None:
-                        yield logged
+                yield from poller.poll(poll_s)
         finally:
-            consumer.close()
-
-
-def _position(consumer: Consumer, topic: str) -> int:
-    (position,) = consumer.position([TopicPartition(topic, 0)])
-    return int(position.offset)
+            poller.close()

@@ -38,7 +38,8 @@ class Transfer(msgspec.Struct, frozen=True, tag=True):
 def events(count: int, accounts: int, seed: int) -> Iterator[Deposit | Transfer]:
     """Opening deposits, then ``count`` transfers; some overdraw on purpose (they abort)."""
     rng = random.Random(seed)
-    keys = [f"acct-{i:04d}" for i in range(accounts)]
+    # spread over the whole key space (acct-0000..acct-9999), so over every partition's range
+    keys = [f"acct-{i * 10_000 // accounts:04d}" for i in range(accounts)]
     for key in keys:
         yield Deposit(key, OPENING_BALANCE)
     for _ in range(count):

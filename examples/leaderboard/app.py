@@ -32,11 +32,11 @@ from collections.abc import Iterable
 from typing import Annotated
 
 import msgspec
-from examples.leaderboard.reference import Standings
 
 from epochal.actors.api import App
 from epochal.actors.context import Context
 from epochal.actors.windows import CountWindow
+from examples.leaderboard.reference import Standings
 
 __all__ = [
     "BOARD",
@@ -120,7 +120,7 @@ def make_app(
         aborts_to="rejected",
     )
     def vote(ctx: Context, e: Vote) -> None:
-        """Validate, count, maybe remove the last candidate, and refresh the leaderboards."""
+        """Validate, count, maybe remove the weakest candidate, refresh the leaderboards."""
         board, voter = ctx.get(Board, BOARD), ctx.get(Voter, e.phone)
         removed = set(board.removed)
         if not 1 <= e.candidate <= candidates:
@@ -129,7 +129,8 @@ def make_app(
             raise InvalidVote(f"candidate {e.candidate} was removed")
         if voter.candidate and voter.candidate not in removed:
             raise InvalidVote(f"phone {e.phone} already voted for {voter.candidate}")
-        board.revotes += voter.candidate in removed
+        if voter.candidate:  # its candidate was removed: the phone votes again
+            board.revotes += 1
         voter.candidate = e.candidate
         board.votes[e.candidate] = board.votes.get(e.candidate, 0) + 1
         board.valid += 1

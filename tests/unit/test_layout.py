@@ -19,7 +19,7 @@ ALLOWED = {
     "recovery": {"schemas", "log", "actors", "jvm"},
     "analytics": {"schemas", "jvm"},
 }
-SHARED = {"errors", "config"}
+SHARED = {"errors", "config", "metrics"}
 # third-party libraries and the only places that may import them
 OWNERS = {"confluent_kafka": {"log"}, "pyspark": {"recovery", "analytics", "demo"},
           "deltalake": {"recovery", "analytics", "demo"}}  # fmt: skip

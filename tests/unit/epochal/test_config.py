@@ -47,3 +47,10 @@ def test_cache_layout() -> None:
 
 def test_spark_config_defaults_to_local_two_cores() -> None:
     assert SparkConfig(jar_dir=Path("/j")).master == "local[2]"
+
+
+def test_kafka_config_pickles_for_child_processes() -> None:
+    import pickle
+
+    config = KafkaConfig("b:9092", {"sasl.password": "x"})
+    assert pickle.loads(pickle.dumps(config)) == config

@@ -1,0 +1,1 @@
+"""S-Store's voting benchmark; the app is ``examples.leaderboard.app:app``."""

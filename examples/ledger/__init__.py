@@ -1,0 +1,1 @@
+"""TStream's streaming ledger; the app is ``examples.ledger.app:app``."""
