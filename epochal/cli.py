@@ -130,6 +130,7 @@ def _run(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port, allow_code_change=args.allow_code_change,
         ),
         input_partitions=args.input_partitions,
+        run_dir=Path(args.run_dir),
     )  # fmt: skip
     console.print(
         f"running {args.app} as {app_name!r}: {workers} workers, {partitions} partitions, "
@@ -182,6 +183,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--port-base", type=int, default=7600, help="local worker ports from here")
     run.add_argument("--input-partitions", type=int, default=1, help="partitions of new topics")
     run.add_argument("--metrics-port", type=int, default=0, help="Prometheus port base (0: off)")
+    run.add_argument("--run-dir", default=".epochal/run", help="where pids and status go")
     run.add_argument("--allow-code-change", action="store_true",
                      help="replay a command log written by other code")  # fmt: skip
     run.set_defaults(handler=_run)

@@ -39,7 +39,6 @@ def decode(data: bytes, record_type: type[T]) -> T:
         record: T = decoders[1].decode(data) if is_json else decoders[0].decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         kind = "JSON" if is_json else "msgpack"
-        raise SchemaError(
-            f"not a valid {kind} {record_type.__name__}: {exc}", record_type=record_type.__name__
-        ) from exc
+        name = getattr(record_type, "__name__", None) or str(record_type)  # unions have no name
+        raise SchemaError(f"not a valid {kind} {name}: {exc}", record_type=name) from exc
     return record

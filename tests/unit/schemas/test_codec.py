@@ -38,3 +38,17 @@ def test_wrong_schema_names_the_type_and_the_field() -> None:
 def test_garbage_bytes_are_a_schema_error_not_a_crash() -> None:
     with pytest.raises(SchemaError, match="msgpack Transfer"):
         decode(b"\xc1\xff\x00", Transfer)
+
+
+class Refund(msgspec.Struct, frozen=True, tag=True):
+    amount: int
+
+
+class Charge(msgspec.Struct, frozen=True, tag=True):
+    amount: int
+
+
+def test_a_union_that_does_not_decode_is_a_schema_error_too() -> None:
+    with pytest.raises(SchemaError, match="not a valid msgpack"):
+        decode(b"\xc1", Refund | Charge)  # type: ignore[arg-type]
+    assert decode(b'{"type": "Charge", "amount": 3}', Refund | Charge) == Charge(3)  # type: ignore[arg-type]
