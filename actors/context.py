@@ -9,6 +9,8 @@ MemoryError, RecursionError and SystemError propagate and stop the worker.
 
 from __future__ import annotations
 
+import copy
+import functools
 import random
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -76,8 +78,7 @@ class Context:
         ref = self._ref(cls, key)
         if ref not in self._working:
             stored = self._reads.get(ref)
-            fresh = cls() if stored is None else msgspec.msgpack.decode(encode(stored), type=cls)
-            self._working[ref] = fresh
+            self._working[ref] = cls() if stored is None else _copy(stored, cls)
         value = self._working[ref]
         return cls() if value is None else value  # type: ignore[return-value]
 
@@ -124,6 +125,21 @@ class Context:
 
     def outcome(self) -> dict[KeyRef, State | None]:
         return {ref: self._working[ref] for ref in sorted(self.written)}
+
+
+@functools.cache
+def _is_flat(cls: type) -> bool:
+    fields = msgspec.structs.fields(cls)
+    return all(
+        isinstance(f.type, type) and f.type in (int, float, str, bool, bytes) for f in fields
+    )
+
+
+def _copy(value: State, cls: type[S]) -> S:
+    """The transaction's own copy of a stored actor: shallow where all fields are scalars."""
+    if _is_flat(cls):
+        return copy.copy(value)  # type: ignore[return-value]
+    return msgspec.msgpack.decode(encode(value), type=cls)
 
 
 def run_transaction(

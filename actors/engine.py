@@ -20,7 +20,7 @@ import msgspec
 
 from epochal.actors.api import App
 from epochal.actors.digest import DigestSum
-from epochal.actors.executor import PartitionExecutor, Reads
+from epochal.actors.executor import PartitionExecutor, Reads, split_plan
 from epochal.actors.outcome import TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import Emitted, EpochClock, emitted_by, plan_epoch
@@ -128,8 +128,11 @@ class Engine:
     async def run_epoch(self, record: EpochRecord) -> EpochResult:
         clock = EpochClock.of(record)
         plan = plan_epoch(self.app, record, self.carried)
+        shares = split_plan(plan, self.ranges, self.partitions)
         reported = await self._unless_peers_fail(
-            asyncio.gather(*(p.run_epoch(clock, plan, self) for p in self.partitions.values()))
+            asyncio.gather(
+                *(p.run_epoch(clock, shares[p.pid], self) for p in self.partitions.values())
+            )
         )
         outcomes = tuple(sorted((o for part in reported for o in part), key=lambda o: o.seq))
         emitted = emitted_by(outcomes)

@@ -19,7 +19,7 @@ each wait is on a transaction that every participant reaches.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,7 +33,7 @@ from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import EpochClock, Invocation
 from epochal.schemas.commands import KeyRef, PartitionId
 
-__all__ = ["Exchange", "PartitionExecutor", "Reads"]
+__all__ = ["Exchange", "PartitionExecutor", "Reads", "Step", "split_plan"]
 
 Reads = dict[KeyRef, msgspec.Struct | None]
 
@@ -47,13 +47,29 @@ class Exchange(Protocol):
 
 
 @dataclass
-class _Step:
-    """One transaction as this partition sees it."""
+class Step:
+    """One transaction as one participant sees it: all participants, its own keys."""
 
     invocation: Invocation
     participants: tuple[PartitionId, ...]
     local_keys: tuple[KeyRef, ...]
     sent: bool = False
+
+
+def split_plan(
+    plan: Sequence[Invocation], ranges: KeyRanges, partitions: Iterable[PartitionId]
+) -> dict[PartitionId, list[Step]]:
+    """Each of ``partitions``' share of an epoch, in timestamp order; owners computed once."""
+    shares: dict[PartitionId, list[Step]] = {p: [] for p in partitions}
+    for invocation in plan:
+        owners = [ranges.partition_of(ref) for ref in invocation.keys]
+        participants = tuple(sorted(set(owners))) or (PartitionId(0),)
+        for p in participants:
+            share = shares.get(p)
+            if share is not None:
+                local = tuple(k for k, o in zip(invocation.keys, owners, strict=True) if o == p)
+                share.append(Step(invocation, participants, local))
+    return shares
 
 
 @dataclass
@@ -73,21 +89,11 @@ class PartitionExecutor:
         self._inbox.setdefault((epoch, seq), {}).update(reads)
         self._arrived.set()
 
-    def steps(self, plan: Sequence[Invocation]) -> list[_Step]:
-        """This partition's share of an epoch, in timestamp order."""
-        mine = []
-        for invocation in plan:
-            participants = self.ranges.participants(invocation.keys)
-            if self.pid in participants:
-                local = tuple(k for k in invocation.keys if self.ranges.partition_of(k) == self.pid)
-                mine.append(_Step(invocation, participants, local))
-        return mine
-
     async def run_epoch(
-        self, clock: EpochClock, plan: Sequence[Invocation], exchange: Exchange
+        self, clock: EpochClock, steps: list[Step], exchange: Exchange
     ) -> list[TxnOutcome]:
-        """Run this partition's transactions of one epoch; outcomes it reports, in seq order."""
-        pending = self.steps(plan)
+        """Run this partition's share of an epoch (:func:`split_plan`); its reported outcomes."""
+        pending = steps
         reported: list[TxnOutcome] = []
         while pending:
             pending, progressed = self._pass(clock, pending, exchange, reported)
@@ -101,13 +107,13 @@ class PartitionExecutor:
     def _pass(
         self,
         clock: EpochClock,
-        pending: list[_Step],
+        pending: list[Step],
         exchange: Exchange,
         reported: list[TxnOutcome],
-    ) -> tuple[list[_Step], bool]:
+    ) -> tuple[list[Step], bool]:
         """One pass in timestamp order: run what is ready, send what is final, keep the rest."""
         held: set[KeyRef] = set()
-        still: list[_Step] = []
+        still: list[Step] = []
         progressed = False
         for step in pending:
             if held and not held.isdisjoint(step.local_keys):
@@ -128,7 +134,7 @@ class PartitionExecutor:
             progressed = True
         return still, progressed
 
-    def _send_reads(self, step: _Step, exchange: Exchange) -> None:
+    def _send_reads(self, step: Step, exchange: Exchange) -> None:
         if step.sent:
             return
         reads = {ref: self.store.get(ref) for ref in step.local_keys}
@@ -140,7 +146,7 @@ class PartitionExecutor:
     def _execute(
         self,
         clock: EpochClock,
-        step: _Step,
+        step: Step,
         remote: Mapping[KeyRef, msgspec.Struct | None],
         reported: list[TxnOutcome],
     ) -> None:

@@ -54,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--accounts", type=int, default=1_000, help="accounts (at most 10,000)")
     parser.add_argument("--json", action="store_true", help="send JSON instead of msgpack")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the workload")
+    parser.add_argument("--topic", default=TOPIC, help="input topic (for an app run with --name)")
     return parser
 
 
@@ -76,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         key = event.account if isinstance(event, Deposit) else event.source
         while True:
             try:
-                producer.produce(TOPIC, encode(event), key.encode(), on_delivery=delivered)
+                producer.produce(args.topic, encode(event), key.encode(), on_delivery=delivered)
                 break
             except BufferError:  # the local queue is full: let deliveries drain it
                 producer.poll(0.1)
@@ -87,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reason = failed[0] if failed else "timed out"
         print(f"{left + len(failed)} of {sent} records not delivered: {reason}", file=sys.stderr)
         return 1
-    print(f"sent {sent} records to {TOPIC} ({'JSON' if args.json else 'msgpack'})")
+    print(f"sent {sent} records to {args.topic} ({'JSON' if args.json else 'msgpack'})")
     return 0
 
 

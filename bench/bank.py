@@ -1,0 +1,170 @@
+"""Bank transfers through Kafka, end to end, on 1 and on 2 workers, side by side in one run.
+
+Deposits and transfers are produced first (so that the producer does not compete for the two
+cores), then ``epochal run examples.bank.app:app`` is started and the benchmark counts the
+transfers' egress records (receipts and abort reports, ``read_committed``) until all are out.
+Throughput = transfers / (time of the last egress record - time of the first one).
+
+    python -m bench.bank --transfers 200000 --workers 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Producer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, cache_dir_from_env
+from epochal.jvm import JarSet, fetch_jars
+from epochal.log.client import KafkaClients
+from epochal.log.local_broker import LocalBroker
+from examples.bank.producer import Deposit, events
+
+console = Console()
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _produce(bootstrap: str, topic: str, transfers: int, accounts: int) -> None:
+    import msgspec
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000})
+    for event in events(transfers, accounts, seed=1):
+        key = event.account if isinstance(event, Deposit) else event.source
+        while True:
+            try:
+                producer.produce(topic, msgspec.msgpack.encode(event), key.encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(60) == 0
+
+
+def _count_egress(
+    clients: KafkaClients, name: str, transfers: int, progress: Progress
+) -> tuple[float, float]:
+    consumer = clients.consumer(
+        **{"isolation.level": "read_committed", "group.id": f"{name}.bench"}
+    )
+    from confluent_kafka import TopicPartition
+
+    consumer.assign([TopicPartition(f"{name}.out.{t}", 0, 0) for t in ("receipts", "errors")])
+    task = progress.add_task(f"{name}", total=transfers)
+    seen, first, last = 0, 0.0, 0.0
+    deadline = time.monotonic() + 600
+    while seen < transfers and time.monotonic() < deadline:
+        batch = consumer.consume(10_000, 0.2)
+        if batch:
+            now = time.monotonic()
+            first = first or now
+            last = now
+            seen += sum(1 for m in batch if m.error() is None)
+            progress.update(task, completed=seen)
+    consumer.close()
+    if seen < transfers:
+        raise SystemExit(f"only {seen} of {transfers} transfers came out")
+    return first, last
+
+
+def run_once(
+    bootstrap: str, workers: int, transfers: int, accounts: int, port_base: int
+) -> dict[str, float]:
+    name = f"bench{workers}w{uuid.uuid4().hex[:6]}"
+    clients = KafkaClients(KafkaConfig(bootstrap))
+    clients.create_topics([f"{name}.in.transfers"])
+    _produce(bootstrap, f"{name}.in.transfers", transfers, accounts)
+    run_dir = Path(tempfile.mkdtemp(prefix="epochal-bench-"))
+    command = [
+        sys.executable, "-m", "epochal.cli", "run", "examples.bank.app:app", "--name", name,
+        "--bootstrap", bootstrap, "--workers", str(workers), "--partitions", str(2 * workers),
+        "--port-base", str(port_base), "--run-dir", str(run_dir),
+    ]  # fmt: skip
+    with open(run_dir / "run.log", "wb") as log:
+        started = time.monotonic()
+        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            clients.create_topics([f"{name}.out.receipts", f"{name}.out.errors"])
+            with Progress(console=console, transient=True) as progress:
+                first, last = _count_egress(clients, name, transfers, progress)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(60)
+    return {
+        "workers": workers,
+        "partitions": 2 * workers,
+        "transfers": transfers,
+        "seconds": last - first,
+        "tps": transfers / (last - first),
+        "seconds_from_start": last - started,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--transfers", type=int, default=200_000)
+    parser.add_argument("--accounts", type=int, default=10_000)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--bootstrap", help="an existing broker (default: a local one for this run)"
+    )
+    parser.add_argument("--port", type=int, default=19792, help="port of the local broker")
+    parser.add_argument("--out", default="bench/results", help="where the JSON goes")
+    args = parser.parse_args()
+
+    broker = None
+    bootstrap = args.bootstrap
+    if bootstrap is None:
+        cache = CacheConfig(cache_dir_from_env())
+        jars = fetch_jars(cache, JarSet.KAFKA_BROKER)
+        broker = LocalBroker(
+            LocalBrokerConfig(port=args.port, data_dir=Path(tempfile.mkdtemp()), jar_dir=jars)
+        )
+        broker.start()
+        bootstrap = broker.config.bootstrap
+    try:
+        results = [
+            run_once(bootstrap, w, args.transfers, args.accounts, 7700 + 10 * i)
+            for i, w in enumerate(args.workers)
+        ]
+    finally:
+        if broker is not None:
+            broker.stop()
+    table = Table(title=f"bank transfers end to end through Kafka ({args.transfers:,} transfers)")
+    for column in ("workers", "partitions", "seconds", "transactions/s"):
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(
+            str(r["workers"]), str(r["partitions"]), f"{r['seconds']:.2f}", f"{r['tps']:,.0f}"
+        )
+    console.print(table)
+    if len(results) > 1:
+        console.print(
+            f"ratio {results[-1]['tps'] / results[0]['tps']:.2f}x ({results[-1]['workers']} vs {results[0]['workers']} workers)"
+        )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "bench": "bank",
+        "machine": platform.node(),
+        "cpus": __import__("os").cpu_count(),
+        "results": results,
+    }
+    path = out / f"bank-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(report, indent=2))
+    console.print(f"results in {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
