@@ -149,9 +149,9 @@ def main() -> int:
         )
     console.print(table)
     if len(results) > 1:
-        console.print(
-            f"ratio {results[-1]['tps'] / results[0]['tps']:.2f}x ({results[-1]['workers']} vs {results[0]['workers']} workers)"
-        )
+        first, last = results[0], results[-1]
+        ratio = last["tps"] / first["tps"]
+        console.print(f"ratio {ratio:.2f}x ({last['workers']} vs {first['workers']} workers)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {

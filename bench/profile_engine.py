@@ -53,8 +53,9 @@ def main() -> None:
     asyncio.run(engine.run(log))
     profiler.disable()
     elapsed = time.perf_counter() - started
+    rate = txns / elapsed
     print(
-        f"engine ({args.partitions} partitions, one process, profiled): {txns / elapsed:,.0f} transactions/s"
+        f"engine ({args.partitions} partitions, one process, profiled): {rate:,.0f} transactions/s"
     )
     pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
 
