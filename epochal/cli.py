@@ -1,4 +1,5 @@
-"""The ``epochal`` command: ``run``, ``jars fetch``, ``kafka start|stop|status``, ``demo``.
+"""The ``epochal`` command: ``run``, ``replay``, ``jars fetch``, ``kafka start|stop|status``,
+``demo``.
 
 Config objects are built here, once, from flags and the environment (``EPOCHAL_CACHE``); library
 code never reads the environment. An :class:`EpochalError` ends the command with its message and
@@ -13,11 +14,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
 
-from epochal.actors.api import load_app
+from epochal.actors.api import App, load_app
 from epochal.config import (
     CacheConfig,
     KafkaConfig,
@@ -124,7 +126,10 @@ def _run(args: argparse.Namespace) -> int:
         app_spec=args.app,
         app_name=args.name,
         kafka=KafkaConfig(args.bootstrap, _settings(args.kafka_setting)),
-        sequencer=SequencerConfig(app_name, epoch_ms=args.epoch_ms, max_records=args.epoch_records),
+        sequencer=SequencerConfig(
+            app_name, epoch_ms=args.epoch_ms, max_records=args.epoch_records,
+            metrics_port=args.metrics_port + workers if args.metrics_port else 0,
+        ),
         worker=WorkerConfig(
             app_name, workers=workers, partitions=partitions, peers=peers,
             metrics_port=args.metrics_port, allow_code_change=args.allow_code_change,
@@ -137,6 +142,55 @@ def _run(args: argparse.Namespace) -> int:
         f"Kafka at {args.bootstrap} (Ctrl-C or SIGTERM stops)"
     )
     return Supervisor(config).run()
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from collections import defaultdict
+
+    from rich.progress import Progress
+
+    from epochal.log.client import KafkaClients
+    from epochal.recovery.replay import replay_command_log
+
+    sys.path.insert(0, os.getcwd())
+    app = load_app(args.app, args.name)
+    clients = KafkaClients(KafkaConfig(args.bootstrap, _settings(args.kafka_setting)))
+    end = clients.end_offset(app.topics.command_log)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"replaying {app.topics.command_log}", total=end)
+        engine, epochs = replay_command_log(
+            app, clients, allow_code_change=args.allow_code_change,
+            on_epoch=lambda position: progress.update(task, completed=position + 1),
+        )  # fmt: skip
+    by_type: dict[str, list[tuple[object, Any]]] = defaultdict(list)
+    for ref, value in engine.items():
+        by_type[ref.actor_type].append((ref.key, value))
+    console.print(f"replayed {epochs} epochs of {app.topics.command_log}; digest {engine.digest()}")
+    for actor_type, items in sorted(by_type.items()):
+        console.print(f"  {actor_type}: {len(items)} actors")
+    for actor_type in args.show:
+        _print_actors(app, actor_type, by_type.get(actor_type, []), args.limit)
+    return 0
+
+
+def _print_actors(app: App, actor_type: str, actors: list[tuple[object, Any]], limit: int) -> None:
+    """A table of the first actors of a type, and the totals of its numeric fields."""
+    from rich.table import Table
+
+    actors = sorted(actors, key=lambda item: str(item[0]))
+    fields = app.actor_types[actor_type].state.__struct_fields__
+    table = Table(title=f"{actor_type} (first {limit} of {len(actors)})")
+    for column in ("key", *fields):
+        table.add_column(column)
+    for key, value in actors[:limit]:
+        table.add_row(str(key), *(str(getattr(value, f)) for f in fields))
+    console.print(table)
+    totals = {
+        f: sum(getattr(v, f) for _, v in actors)
+        for f in fields
+        if all(isinstance(getattr(v, f), int | float) for _, v in actors)
+    }
+    console.print(f"  totals over all {len(actors)}: {totals}")
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -169,24 +223,35 @@ def _parser() -> argparse.ArgumentParser:
     broker_flags(kafka)
     kafka.set_defaults(handler=_kafka_dispatch)
 
+    def app_flags(command: argparse.ArgumentParser) -> None:
+        command.add_argument("app", help="module:attribute of the App, e.g. examples.bank.app:app")
+        command.add_argument("--name", help="app name for topics and ids (default: the App's)")
+        command.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap")
+        command.add_argument("-X", dest="kafka_setting", action="append", default=[],
+                             metavar="KEY=VALUE", help="librdkafka setting")  # fmt: skip
+        command.add_argument("--allow-code-change", action="store_true",
+                             help="replay a command log written by other code")  # fmt: skip
+
     run = commands.add_parser("run", help="run an app: sequencer and workers on Kafka")
-    run.add_argument("app", help="module:attribute of the App, e.g. examples.bank.app:app")
-    run.add_argument("--name", help="app name for topics and ids (default: the App's)")
+    app_flags(run)
     run.add_argument("--workers", type=int, default=0, help="worker processes (default: cores)")
     run.add_argument("--partitions", type=int, default=0, help="partitions (default 2 per worker)")
     run.add_argument("--epoch-ms", type=int, default=20, help="close an epoch after this long")
     run.add_argument("--epoch-records", type=int, default=5000, help="... or this many records")
-    run.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap servers")
-    run.add_argument("-X", dest="kafka_setting", action="append", default=[], metavar="KEY=VALUE",
-                     help="librdkafka setting, e.g. -X security.protocol=SSL")  # fmt: skip
     run.add_argument("--peers", help="host:port of every worker, comma-separated")
     run.add_argument("--port-base", type=int, default=7600, help="local worker ports from here")
     run.add_argument("--input-partitions", type=int, default=1, help="partitions of new topics")
-    run.add_argument("--metrics-port", type=int, default=0, help="Prometheus port base (0: off)")
+    run.add_argument("--metrics-port", type=int, default=0,
+                     help="Prometheus: worker w on port+w, then sequencer (0: off)")  # fmt: skip
     run.add_argument("--run-dir", default=".epochal/run", help="where pids and status go")
-    run.add_argument("--allow-code-change", action="store_true",
-                     help="replay a command log written by other code")  # fmt: skip
     run.set_defaults(handler=_run)
+
+    replay = commands.add_parser("replay", help="rebuild an app's state from its command log")
+    app_flags(replay)
+    replay.add_argument("--show", action="append", default=[], metavar="ACTOR_TYPE",
+                        help="print actors of this type and totals of numeric fields")  # fmt: skip
+    replay.add_argument("--limit", type=int, default=10, help="actors printed per type")
+    replay.set_defaults(handler=_replay)
 
     demo = commands.add_parser("demo", help="run the demo on a local broker, Spark and warehouse")
     demo.add_argument("--warehouse", default="warehouse", help="Delta warehouse root")

@@ -144,6 +144,7 @@ class SequencerConfig:
     first. With no input, an empty epoch is still logged every ``idle_epoch_ms`` so that interior
     transactions emitted by the last epoch run. ``transaction_timeout_ms`` is the Kafka
     producer's: a crashed sequencer's open transaction is aborted by the broker after it.
+    ``metrics_port`` serves Prometheus metrics (0: off).
     """
 
     app: str
@@ -152,6 +153,7 @@ class SequencerConfig:
     idle_epoch_ms: int = 100
     transaction_timeout_ms: int = 10_000
     chunk_bytes: int = 512 * 1024
+    metrics_port: int = 0
 
 
 @dataclass(frozen=True)

@@ -33,22 +33,13 @@ from epochal.log.client import KafkaClients
 from epochal.log.command_log import KafkaCommandLog, chunk_epoch
 from epochal.log.ordering import EpochStamp, Router, SequencedEpoch, order
 from epochal.log.topics import TopicNames
+from epochal.metrics import Metrics, serve_metrics
 from epochal.schemas.codec import encode
 from epochal.schemas.commands import InputRecord, Origin
 
-__all__ = ["Sequencer", "SequencerStats"]
+__all__ = ["Sequencer"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class SequencerStats:
-    """Counters the metrics endpoint exposes."""
-
-    epochs: int = 0
-    transactions: int = 0
-    dead_letters: int = 0
-    last_epoch_ms: float = 0.0
 
 
 @dataclass
@@ -78,7 +69,12 @@ class Sequencer:
         self.names = TopicNames(config.app)
         self.inputs = [self.names.input(name) for name in inputs]
         self.code_hash = code_hash
-        self.stats = SequencerStats()
+        self.metrics = Metrics(app=config.app, role="sequencer")
+        self.metrics.describe("epochal_epochs_total", "counter", "epochs logged")
+        self.metrics.describe("epochal_sequenced_total", "counter", "transactions sequenced")
+        self.metrics.describe("epochal_dead_letters_total", "counter", "records sent to the DLQ")
+        self.metrics.describe("epochal_input_lag", "gauge", "input records not yet sequenced")
+        self.metrics.describe("epochal_epoch_commit_seconds_sum", "counter", "Kafka commit time")
 
     def ensure_topics(self, input_partitions: int = 1) -> None:
         """Create the app's topics if missing (input, requests, command log, dead letters)."""
@@ -86,6 +82,8 @@ class Sequencer:
         self.clients.create_topics([self.names.command_log, self.names.dead_letters], partitions=1)
 
     def run(self, should_stop: Callable[[], bool]) -> None:
+        if self.config.metrics_port:
+            serve_metrics(self.metrics, self.config.metrics_port)
         resume = self._resume()
         producer = self.clients.producer(**{
             "transactional.id": f"{self.config.app}.sequencer",
@@ -183,7 +181,12 @@ class Sequencer:
         positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
         producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata(), 30)
         producer.commit_transaction(30)
-        self.stats.epochs += 1
-        self.stats.transactions += len(sequenced.record.txns)
-        self.stats.dead_letters += len(sequenced.dead)
-        self.stats.last_epoch_ms = (time.monotonic() - started) * 1000
+        self.metrics.inc("epochal_epochs_total")
+        self.metrics.inc("epochal_sequenced_total", len(sequenced.record.txns))
+        self.metrics.inc("epochal_dead_letters_total", len(sequenced.dead))
+        self.metrics.inc("epochal_epoch_commit_seconds_sum", time.monotonic() - started)
+        lag = 0
+        for tp in positions:
+            _, high = consumer.get_watermark_offsets(tp, cached=True)
+            lag += max(0, high - tp.offset)
+        self.metrics.set("epochal_input_lag", lag)

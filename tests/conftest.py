@@ -28,21 +28,30 @@ from epochal.log.client import KafkaClients
 from epochal.log.local_broker import LocalBroker
 
 
-def free_port_pair() -> int:
-    """A port p such that p and p+1 are free on 127.0.0.1 (broker and controller)."""
+def free_ports(count: int) -> int:
+    """A port p such that p .. p+count-1 are free on 127.0.0.1."""
     for _ in range(100):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = int(probe.getsockname()[1])
-        if port >= 65535:
+        if port + count > 65536:
             continue
-        with socket.socket() as second:
-            try:
-                second.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
+        taken = False
+        for offset in range(1, count):
+            with socket.socket() as other:
+                try:
+                    other.bind(("127.0.0.1", port + offset))
+                except OSError:
+                    taken = True
+                    break
+        if not taken:
+            return port
+    raise RuntimeError(f"no {count} adjacent free ports on 127.0.0.1")
+
+
+def free_port_pair() -> int:
+    """A port p such that p and p+1 are free (a broker and its controller, two workers)."""
+    return free_ports(2)
 
 
 def _docker_answers() -> bool:

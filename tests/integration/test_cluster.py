@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from epochal.log.command_log import KafkaCommandLog
 from epochal.schemas.codec import decode
 from epochal.schemas.commands import DeadLetter
 from epochal.schemas.egress import EgressRecord
-from tests.conftest import free_port_pair
+from tests.conftest import free_port_pair, free_ports
 from tests.unit.actors.workload import Deposit, Transfer, app
 
 pytestmark = pytest.mark.integration
@@ -41,8 +42,13 @@ class Cluster:
     kafka: KafkaClients
     process: subprocess.Popen[bytes]
     status_file: Path
+    metrics_port: int
     produced: int = 0
     transfers: int = 0
+
+    def metrics(self, port: int) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            return str(reply.read().decode())
 
     def status(self) -> dict[str, object]:
         return dict(json.loads(self.status_file.read_text()))
@@ -76,10 +82,12 @@ def cluster(
 ) -> Iterator[Cluster]:
     name = f"eo{uuid.uuid4().hex[:8]}"
     run_dir = tmp_path_factory.mktemp("run")
+    metrics_port = free_ports(3)  # workers on port and port+1, the sequencer on port+2
     command = [
         EPOCHAL, "run", "tests.unit.actors.workload:app", "--name", name,
         "--bootstrap", kafka_config.bootstrap_servers, "--workers", "2", "--partitions", "4",
         "--port-base", str(free_port_pair()), "--run-dir", str(run_dir), "--epoch-ms", "20",
+        "--metrics-port", str(metrics_port),
     ]  # fmt: skip
     log = open(run_dir / "run.log", "wb")  # noqa: SIM115 - closed below
     process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -89,7 +97,7 @@ def cluster(
         assert process.poll() is None, (run_dir / "run.log").read_text()
         assert time.monotonic() < deadline, "the cluster did not start"
         time.sleep(0.2)
-    running = Cluster(name, KafkaClients(kafka_config), process, status_file)
+    running = Cluster(name, KafkaClients(kafka_config), process, status_file, metrics_port)
     running.produce([msgspec.msgpack.encode(Deposit(a, 100)) for a in range(40)])
     yield running
     process.send_signal(signal.SIGTERM)
@@ -136,6 +144,11 @@ def test_bad_records_go_to_the_dead_letter_topic_and_the_pipeline_goes_on(cluste
     assert dead[2].reason.startswith("unknown event type")
     assert all(d.topic == f"{cluster.name}.in.ops" and d.partition == 0 for d in dead)
     assert [d.offset for d in dead] == [40 + 50, 40 + 51, 40 + 52]
+    assert f'epochal_dead_letters_total{{app="{cluster.name}",role="sequencer"}} 3' in (
+        cluster.metrics(cluster.metrics_port + 2)
+    )
+    worker = cluster.metrics(cluster.metrics_port)
+    assert "epochal_transactions_total" in worker and 'outcome="committed"' in worker
 
 
 def test_kill_9_of_a_worker_and_the_sequencer_loses_and_doubles_nothing(cluster: Cluster) -> None:
