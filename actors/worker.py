@@ -53,6 +53,17 @@ def egress_records(app: App, outcome: TxnOutcome) -> list[tuple[str, bytes]]:
     return [(app.topics.egress(aborts_to), encode(record))]
 
 
+def abort_category(reason: str) -> str:
+    """A label of few values for an abort reason: constraint, undeclared key, or the exception."""
+    if reason.startswith("constraint "):
+        return "constraint"
+    if reason.startswith("undeclared key"):
+        return "undeclared_key"
+    if reason.startswith("key function"):
+        return "key_function"
+    return reason.split(":", 1)[0] if ":" in reason else "other"
+
+
 class Worker:
     """``Worker(app, config, kafka).run(should_stop)`` in a worker process."""
 
@@ -62,7 +73,7 @@ class Worker:
         self.clients = KafkaClients(kafka)
         self.metrics = Metrics(app=app.name, worker=str(config.worker))
         self.metrics.describe("epochal_transactions_total", "counter", "transactions by outcome")
-        self.metrics.describe("epochal_aborts_total", "counter", "aborted transactions by handler")
+        self.metrics.describe("epochal_aborts_total", "counter", "aborts by handler and reason")
         self.metrics.describe("epochal_epochs_total", "counter", "epochs executed")
         self.metrics.describe("epochal_epoch_seconds_sum", "counter", "time executing epochs")
         self.metrics.describe("epochal_command_log_position", "gauge", "last epoch executed")
@@ -131,7 +142,8 @@ class Worker:
             self.metrics.inc("epochal_transactions_total",
                              outcome="committed" if outcome.committed else "aborted")  # fmt: skip
             if not outcome.committed:
-                self.metrics.inc("epochal_aborts_total", handler=outcome.handler)
+                self.metrics.inc("epochal_aborts_total", handler=outcome.handler,
+                                 reason=abort_category(outcome.reason))  # fmt: skip
         return result
 
     def _stage_egress(

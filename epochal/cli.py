@@ -196,6 +196,7 @@ def _print_actors(app: App, actor_type: str, actors: list[tuple[object, Any]], l
 def _demo(args: argparse.Namespace) -> int:
     from epochal.demo import run_demo  # pulls in Spark; only this command needs it
 
+    sys.path.insert(0, os.getcwd())  # the demo runs examples/bank from the checkout
     return run_demo(_cache(args), _broker(args), Path(args.warehouse), console)
 
 
@@ -271,8 +272,18 @@ def _kafka_dispatch(args: argparse.Namespace) -> int:
     return _KAFKA_ACTIONS[args.action](args)
 
 
+def _with_fixed_hash_seed(argv: Sequence[str] | None) -> None:
+    """Re-run this command under PYTHONHASHSEED=0: executors must iterate sets the same way."""
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        arguments = list(sys.argv[1:] if argv is None else argv)
+        environment = {**os.environ, "PYTHONHASHSEED": "0"}
+        os.execve(sys.executable, [sys.executable, "-m", "epochal.cli", *arguments], environment)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("replay", "demo"):
+        _with_fixed_hash_seed(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(message)s", handlers=[RichHandler(console=console)])
     logging.getLogger("epochal.librdkafka").setLevel(max(level, logging.ERROR))

@@ -104,3 +104,13 @@ def test_now_and_random_are_fixed_by_epoch_seed_and_seq() -> None:
     assert first == _run("draw", Op("a", 0), {}, seq=7).writes[REF]
     assert first != _run("draw", Op("a", 0), {}, seq=8).writes[REF]
     assert first.tags == ["5000"]  # type: ignore[union-attr]
+
+
+def test_abort_reasons_fall_into_few_metric_labels() -> None:
+    from epochal.actors.worker import abort_category
+
+    assert abort_category("constraint 'non-negative' violated by Counter['a']") == "constraint"
+    assert (
+        abort_category("undeclared key Account[3]: declare it in the keys of t") == "undeclared_key"
+    )
+    assert abort_category("ValueError: transfer to itself") == "ValueError"
