@@ -3,7 +3,17 @@
 The public surface, re-exported by name; ``tests/unit/test_public_api.py`` pins it.
 """
 
-from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, SparkConfig
+from epochal.actors.api import App
+from epochal.actors.context import Context
+from epochal.actors.windows import CountWindow, TimeWindow
+from epochal.config import (
+    CacheConfig,
+    KafkaConfig,
+    LocalBrokerConfig,
+    SequencerConfig,
+    SparkConfig,
+    WorkerConfig,
+)
 from epochal.errors import (
     BrokerUnavailableError,
     ConfigError,
@@ -21,9 +31,12 @@ from epochal.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
     "BrokerUnavailableError",
     "CacheConfig",
     "ConfigError",
+    "Context",
+    "CountWindow",
     "EpochalError",
     "KafkaConfig",
     "LocalBrokerConfig",
@@ -33,8 +46,11 @@ __all__ = [
     "QueryError",
     "RecoveryError",
     "SchemaError",
+    "SequencerConfig",
     "SnapshotMissingError",
     "SparkConfig",
+    "TimeWindow",
     "TransactionAborted",
+    "WorkerConfig",
     "__version__",
 ]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import epochal
 
 EXPORTED = {
+    "App", "Context", "CountWindow", "TimeWindow",
     "BrokerUnavailableError", "CacheConfig", "ConfigError", "EpochalError", "KafkaConfig",
     "LocalBrokerConfig", "LocalBrokerError", "LogError", "LogTruncatedError", "QueryError",
     "RecoveryError", "SchemaError", "SnapshotMissingError", "SparkConfig", "TransactionAborted",
-    "__version__",
+    "SequencerConfig", "WorkerConfig", "__version__",
 }  # fmt: skip
 
 
