@@ -150,6 +150,7 @@ def _replay(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from epochal.log.client import KafkaClients
+    from epochal.log.command_log import KafkaCommandLog
     from epochal.recovery.replay import replay_command_log
 
     sys.path.insert(0, os.getcwd())
@@ -158,8 +159,9 @@ def _replay(args: argparse.Namespace) -> int:
     end = clients.end_offset(app.topics.command_log)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"replaying {app.topics.command_log}", total=end)
+        logged = KafkaCommandLog(clients, app.topics.command_log).epochs(to_end=True)
         engine, epochs = replay_command_log(
-            app, clients, allow_code_change=args.allow_code_change,
+            app, logged, allow_code_change=args.allow_code_change,
             on_epoch=lambda position: progress.update(task, completed=position + 1),
         )  # fmt: skip
     by_type: dict[str, list[tuple[object, Any]]] = defaultdict(list)

@@ -31,6 +31,7 @@ from epochal.config import CacheConfig, KafkaConfig, SparkConfig
 from epochal.errors import EpochalError
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.client import KafkaClients
+from epochal.log.command_log import KafkaCommandLog
 from epochal.log.local_broker import LocalBroker
 from epochal.recovery.replay import replay_command_log
 
@@ -141,7 +142,8 @@ class _Demo:
         self._produce(with_deposits=number == 1)
         seconds = self._wait_for_egress(consumers, number * TRANSFERS_PER_ROUND)
         with self.console.status("replaying the command log"):
-            engine, epochs = replay_command_log(self.app, self.clients)
+            logged = KafkaCommandLog(self.clients, self.app.topics.command_log).epochs(to_end=True)
+            engine, epochs = replay_command_log(self.app, logged)
         balances = {
             str(ref.key): value.balance
             for ref, value in engine.items()

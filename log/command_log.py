@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import msgspec
 from confluent_kafka import TopicPartition
@@ -25,7 +24,6 @@ from epochal.schemas.commands import EpochRecord
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
-    "CommandLogReader",
     "EpochAssembler",
     "EpochPoller",
     "KafkaCommandLog",
@@ -86,12 +84,6 @@ class EpochAssembler:
         record = decode(b"".join(self._parts), EpochRecord)
         self._parts, self._epoch = [], None
         return LoggedEpoch(position, record)
-
-
-class CommandLogReader(Protocol):
-    """Epochs from a position on, in order; Kafka and in-memory implementations."""
-
-    def epochs(self, start: int = 0) -> Iterator[LoggedEpoch]: ...
 
 
 @dataclass

@@ -15,7 +15,8 @@ import sys
 from collections.abc import Iterator, Sequence
 
 import msgspec
-from confluent_kafka import Producer
+
+from examples.feed import common_flags, send
 
 __all__ = ["Vote", "main", "votes"]
 
@@ -42,42 +43,17 @@ def votes(count: int, phones: int, candidates: int, seed: int) -> Iterator[Vote]
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap servers")
-    parser.add_argument("--count", type=int, default=50_000, help="votes to send")
+    common_flags(parser, TOPIC)
+    parser.set_defaults(count=50_000)
     parser.add_argument("--phones", type=int, default=30_000, help="size of the phone pool")
     parser.add_argument("--candidates", type=int, default=9, help="candidates (app default 9)")
-    parser.add_argument("--json", action="store_true", help="send JSON instead of msgpack")
-    parser.add_argument("--seed", type=int, default=0, help="random seed of the workload")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    encode = msgspec.json.encode if args.json else msgspec.msgpack.encode
-    producer = Producer({"bootstrap.servers": args.bootstrap, "linger.ms": 5})
-    failed: list[str] = []
-
-    def delivered(error: object, _message: object) -> None:
-        if error is not None:
-            failed.append(str(error))
-
-    sent = 0
-    for vote in votes(args.count, args.phones, args.candidates, args.seed):
-        while True:
-            try:
-                producer.produce(TOPIC, encode(vote), vote.phone.encode(), on_delivery=delivered)
-                break
-            except BufferError:  # the local queue is full: let deliveries drain it
-                producer.poll(0.1)
-        producer.poll(0)
-        sent += 1
-    left = producer.flush(30)
-    if left or failed:
-        reason = failed[0] if failed else "timed out"
-        print(f"{left + len(failed)} of {sent} records not delivered: {reason}", file=sys.stderr)
-        return 1
-    print(f"sent {sent} votes to {TOPIC} ({'JSON' if args.json else 'msgpack'})")
-    return 0
+    chosen = votes(args.count, args.phones, args.candidates, args.seed)
+    return send(args, ((vote.phone, vote) for vote in chosen))
 
 
 if __name__ == "__main__":

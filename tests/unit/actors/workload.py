@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from epochal.actors.api import App
 from epochal.actors.context import Context
 from epochal.actors.windows import CountWindow
+from epochal.log.command_log import MemoryCommandLog
 from epochal.log.ordering import EpochStamp, order
 from epochal.schemas.codec import encode
 from epochal.schemas.commands import EpochRecord, InputRecord
@@ -149,8 +150,9 @@ batches = st.lists(
 
 
 def command_log(batches: Sequence[Sequence[object]], partitions: int = 3) -> list[EpochRecord]:
-    """Sequence the batches as the sequencer would, spreading records over input partitions."""
-    records, offset = [], 0
+    """Sequence the batches as the sequencer would (records spread over input partitions) into
+    the in-memory twin of the command log, and read the epochs back from it."""
+    log, offset = MemoryCommandLog(chunk_bytes=256), 0  # small chunks: epochs span several
     for epoch, batch in enumerate(batches):
         inputs = []
         for op in batch:
@@ -158,5 +160,5 @@ def command_log(batches: Sequence[Sequence[object]], partitions: int = 3) -> lis
             inputs.append(InputRecord("testbank.in.ops", offset % partitions, offset, value))
             offset += 1
         stamp = EpochStamp(epoch, 1_000_000 + epoch * 20, 1234 + epoch, app.code_hash())
-        records.append(order(app, stamp, inputs).record)
-    return records
+        log.append(order(app, stamp, inputs).record)
+    return [logged.record for logged in log.epochs()]
