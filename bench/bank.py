@@ -3,7 +3,8 @@
 Deposits and transfers are produced first (so that the producer does not compete for the two
 cores), then ``epochal run examples.bank.app:app`` is started and the benchmark counts the
 transfers' egress records (receipts and abort reports, ``read_committed``) until all are out.
-Throughput = transfers / (time of the last egress record - time of the first one).
+Throughput = transfers / (time of the last egress record - time of the first one); each
+configuration runs ``--repeats`` times, interleaved, and the median is reported.
 
     python -m bench.bank --transfers 200000 --workers 1 2
 """
@@ -20,6 +21,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Producer
 from rich.console import Console
@@ -110,11 +112,18 @@ def run_once(
     }
 
 
+def _median(workers: int, runs: list[dict[str, float]]) -> dict[str, Any]:
+    """The median run by throughput, with every run's throughput beside it."""
+    ordered = sorted(runs, key=lambda r: r["tps"])
+    return {**ordered[len(ordered) // 2], "tps_runs": [r["tps"] for r in runs], "workers": workers}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transfers", type=int, default=200_000)
     parser.add_argument("--accounts", type=int, default=10_000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=3, help="runs per configuration (median)")
     parser.add_argument(
         "--bootstrap", help="an existing broker (default: a local one for this run)"
     )
@@ -133,20 +142,22 @@ def main() -> int:
         broker.start()
         bootstrap = broker.config.bootstrap
     try:
-        results = [
-            run_once(bootstrap, w, args.transfers, args.accounts, 7700 + 10 * i)
-            for i, w in enumerate(args.workers)
-        ]
+        runs: dict[int, list[dict[str, float]]] = {w: [] for w in args.workers}
+        for repeat in range(args.repeats):  # interleaved, so drift hits every configuration
+            for i, w in enumerate(args.workers):
+                port = 7700 + 10 * i + 100 * repeat
+                runs[w].append(run_once(bootstrap, w, args.transfers, args.accounts, port))
+        results = [_median(w, r) for w, r in runs.items()]
     finally:
         if broker is not None:
             broker.stop()
     table = Table(title=f"bank transfers end to end through Kafka ({args.transfers:,} transfers)")
-    for column in ("workers", "partitions", "seconds", "transactions/s"):
+    for column in ("workers", "partitions", "seconds", "transactions/s (median)", "runs"):
         table.add_column(column, justify="right")
     for r in results:
-        table.add_row(
-            str(r["workers"]), str(r["partitions"]), f"{r['seconds']:.2f}", f"{r['tps']:,.0f}"
-        )
+        runs_text = ", ".join(f"{t:,.0f}" for t in r["tps_runs"])
+        row = (str(r["workers"]), str(r["partitions"]), f"{r['seconds']:.2f}", f"{r['tps']:,.0f}")
+        table.add_row(*row, runs_text)
     console.print(table)
     if len(results) > 1:
         first, last = results[0], results[-1]
