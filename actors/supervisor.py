@@ -1,11 +1,13 @@
 """``epochal run``: one sequencer and N worker processes, kept alive as one cluster.
 
-A dead worker triggers a cluster-wide rollback (DESIGN §2.9): every worker is stopped, the
-generation goes up, and all workers start again; they rebuild state by replaying the command
-log and produce egress only past what each partition already committed. Frames and replies carry
-the generation, so a zombie of the old generation is ignored, and the stable transactional ids
-fence its Kafka producers. A dead sequencer is restarted alone: it resumes from its committed
-input offsets and the command log's tail. Every child runs with ``PYTHONHASHSEED=0``.
+A dead worker or sequencer triggers a cluster-wide rollback (DESIGN §2.9): every worker is
+killed, the generation goes up, and all workers start again; they rebuild state by replaying the
+command log and produce egress only past what each partition already committed. Frames and
+replies carry the generation, so a zombie of the old generation is ignored, and the stable
+transactional ids fence its Kafka producers. A restarted sequencer resumes from its committed
+input offsets and the command log's tail. (In strong mode the workers could keep going through a
+sequencer restart; weak recovery re-sequences the input, which is why the rule is uniform.)
+Every child runs with ``PYTHONHASHSEED=0``.
 """
 
 from __future__ import annotations
@@ -103,21 +105,25 @@ class Supervisor:
         try:
             while not stop():
                 time.sleep(0.1)
-                if self.sequencer is not None and not self.sequencer.is_alive():
-                    logger.warning(
-                        "sequencer exited code=%s; restarting it", self.sequencer.exitcode
-                    )
-                    self._start_sequencer()
+                sequencer_died = self.sequencer is not None and not self.sequencer.is_alive()
                 dead = [w for w in self.workers if not w.is_alive()]
-                if dead and not stop():
-                    logger.warning(
-                        "worker exited code=%s; rolling the cluster back", dead[0].exitcode
+                if (sequencer_died or dead) and not stop():
+                    role = (
+                        "sequencer" if sequencer_died else f"worker {self.workers.index(dead[0])}"
                     )
-                    self._stop(self.workers)
-                    self._start_workers()
+                    logger.warning("%s exited; rolling the cluster back", role)
+                    self._rollback(restart_sequencer=sequencer_died)
         finally:
             self._stop([*self.workers, *([self.sequencer] if self.sequencer else [])])
         return 0
+
+    def _rollback(self, restart_sequencer: bool) -> None:
+        """Every worker stops and starts again in a new generation; state is rebuilt by replay,
+        and the stable transactional ids fence whatever the old generation still had open."""
+        self._kill(self.workers)
+        if restart_sequencer:
+            self._start_sequencer()
+        self._start_workers()
 
     def _ensure_topics(self) -> None:
         from epochal.log.client import KafkaClients

@@ -96,6 +96,12 @@ def _kafka_status(args: argparse.Namespace) -> int:
     return 3  # like `systemctl status`: not running is not success
 
 
+def _apps_from_working_directory() -> None:
+    """Like ``python -m``: apps (``examples.bank.app:app``) import from the working directory."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def _settings(pairs: list[str]) -> dict[str, str]:
     """``-X key=value`` pairs: librdkafka settings passed through (SASL, SSL, timeouts)."""
     settings = {}
@@ -111,7 +117,7 @@ def _run(args: argparse.Namespace) -> int:
     from epochal.actors.layout import numa_cpus
     from epochal.actors.supervisor import ClusterConfig, Supervisor
 
-    sys.path.insert(0, os.getcwd())  # like `python -m`: apps in the working directory import
+    _apps_from_working_directory()
     workers = args.workers or sum(len(node) for node in numa_cpus())
     partitions = args.partitions or 2 * workers
     peers = (
@@ -153,7 +159,7 @@ def _replay(args: argparse.Namespace) -> int:
     from epochal.log.command_log import KafkaCommandLog
     from epochal.recovery.replay import replay_command_log
 
-    sys.path.insert(0, os.getcwd())
+    _apps_from_working_directory()
     app = load_app(args.app, args.name)
     clients = KafkaClients(KafkaConfig(args.bootstrap, _settings(args.kafka_setting)))
     end = clients.end_offset(app.topics.command_log)
@@ -198,7 +204,7 @@ def _print_actors(app: App, actor_type: str, actors: list[tuple[object, Any]], l
 def _demo(args: argparse.Namespace) -> int:
     from epochal.demo import run_demo  # pulls in Spark; only this command needs it
 
-    sys.path.insert(0, os.getcwd())  # the demo runs examples/bank from the checkout
+    _apps_from_working_directory()  # the demo runs examples/bank from the checkout
     return run_demo(_cache(args), _broker(args), Path(args.warehouse), console)
 
 

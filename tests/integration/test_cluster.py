@@ -25,7 +25,7 @@ from epochal.config import KafkaConfig
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import KafkaCommandLog
 from epochal.schemas.codec import decode
-from epochal.schemas.commands import DeadLetter
+from epochal.schemas.commands import ClientRequest, DeadLetter, Origin
 from epochal.schemas.egress import EgressRecord
 from tests.conftest import free_port_pair, free_ports
 from tests.unit.actors.workload import Deposit, Transfer, app
@@ -163,7 +163,7 @@ def test_kill_9_of_a_worker_and_the_sequencer_loses_and_doubles_nothing(cluster:
     cluster.transfers += 9000
 
     egress = _wait_for_egress(cluster, cluster.transfers)
-    assert cluster.status()["generation"] == 2  # one cluster-wide rollback
+    assert cluster.status()["generation"] == 3  # a rollback for each process killed
 
     epochs = [
         e.record for e in KafkaCommandLog(cluster.kafka, f"{cluster.name}.cmd").epochs(to_end=True)
@@ -181,3 +181,21 @@ def test_kill_9_of_a_worker_and_the_sequencer_loses_and_doubles_nothing(cluster:
         if o.handler == "transfer"
     ]
     assert sorted((r.epoch, r.seq, r.committed, r.reason) for r in egress) == sorted(expected)
+
+
+def test_a_client_transaction_sent_twice_is_sequenced_once(cluster: Cluster) -> None:
+    request = ClientRequest("req-42", "transfer", msgspec.msgpack.encode(Transfer(1, 2, 5)))
+    not_a_client_handler = ClientRequest("req-43", "deposit", msgspec.msgpack.encode(Deposit(1, 5)))
+    producer = Producer({"bootstrap.servers": cluster.kafka.config.bootstrap_servers})
+    for value in (request, request, not_a_client_handler):  # the second is a client's retry
+        producer.produce(f"{cluster.name}.requests", msgspec.msgpack.encode(value))
+    assert producer.flush(30) == 0
+    cluster.transfers += 1
+    egress = _wait_for_egress(cluster, cluster.transfers)
+    assert len(egress) == cluster.transfers
+
+    log = KafkaCommandLog(cluster.kafka, f"{cluster.name}.cmd").epochs(to_end=True)
+    client = [t for e in log for t in e.record.txns if t.origin == Origin.CLIENT]
+    assert [(t.request_id, t.handler) for t in client] == [("req-42", "transfer")]
+    dead = [decode(v, DeadLetter) for v in cluster.read("dlq")]
+    assert "no client transaction" in dead[-1].reason and dead[-1].topic.endswith(".requests")
