@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from epochal.actors.api import App, Handler
 from epochal.actors.outcome import FATAL, TxnOutcome
+from epochal.errors import RecoveryError
 from epochal.schemas.commands import EpochRecord, KeyRef, Origin
 
-__all__ = ["Emitted", "EpochClock", "Invocation", "emitted_by", "plan_epoch"]
+__all__ = ["Emitted", "EpochClock", "Invocation", "emitted_by", "ensure_same_code", "plan_epoch"]
 
 
 @dataclass(frozen=True)
@@ -89,3 +90,14 @@ def plan_epoch(app: App, record: EpochRecord, carried: list[Emitted]) -> list[In
         event = app.decode_event(handler, txn.event)
         plan.append(Invocation(record.epoch, txn.seq, handler, event, txn.keys, txn.origin))
     return plan
+
+
+def ensure_same_code(record: EpochRecord, running: str, allowed: bool = False) -> None:
+    """Refuse an epoch logged by other application code: replaying it could give another state
+    (DESIGN §2.3). ``running`` is ``app.code_hash()``, computed once: it reads source files."""
+    if record.code_hash != running and not allowed:
+        raise RecoveryError(
+            "the command log was written by other application code; replaying it could give "
+            "another state (pass --allow-code-change to replay anyway)",
+            epoch=record.epoch, logged=record.code_hash, running=running,
+        )  # fmt: skip

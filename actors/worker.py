@@ -22,9 +22,9 @@ from collections.abc import Callable
 from epochal.actors.api import App
 from epochal.actors.engine import Engine, EpochResult
 from epochal.actors.outcome import TxnOutcome
+from epochal.actors.plan import ensure_same_code
 from epochal.actors.transport import Peers
 from epochal.config import KafkaConfig, WorkerConfig
-from epochal.errors import RecoveryError
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import KafkaCommandLog, LoggedEpoch
 from epochal.log.egress import EgressWriter
@@ -71,6 +71,7 @@ class Worker:
         self.app = app
         self.config = config
         self.clients = KafkaClients(kafka)
+        self.code_hash = app.code_hash()  # reads source files: once, not per epoch
         self.metrics = Metrics(app=app.name, worker=str(config.worker))
         self.metrics.describe("epochal_transactions_total", "counter", "transactions by outcome")
         self.metrics.describe("epochal_aborts_total", "counter", "aborts by handler and reason")
@@ -127,12 +128,7 @@ class Worker:
 
     async def _execute(self, engine: Engine, logged: LoggedEpoch) -> EpochResult:
         record = logged.record
-        if record.code_hash != self.app.code_hash() and not self.config.allow_code_change:
-            raise RecoveryError(
-                "the command log was written by other application code; replaying it could "
-                "give another state (pass --allow-code-change to replay anyway)",
-                epoch=record.epoch, logged=record.code_hash, running=self.app.code_hash(),
-            )  # fmt: skip
+        ensure_same_code(record, self.code_hash, self.config.allow_code_change)
         started = time.perf_counter()
         result = await engine.run_epoch(record)
         self.metrics.inc("epochal_epochs_total")

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 from epochal.actors.api import App
 from epochal.actors.engine import LocalEngine
-from epochal.errors import RecoveryError
+from epochal.actors.plan import ensure_same_code
 from epochal.log.command_log import LoggedEpoch
 
 __all__ = ["replay_command_log"]
@@ -36,11 +36,7 @@ def replay_command_log(
     async def run() -> None:
         nonlocal replayed
         for logged in epochs:
-            if logged.record.code_hash != code_hash and not allow_code_change:
-                raise RecoveryError(
-                    "the command log was written by other application code",
-                    epoch=logged.record.epoch, logged=logged.record.code_hash, running=code_hash,
-                )  # fmt: skip
+            ensure_same_code(logged.record, code_hash, allow_code_change)
             await engine.run_epoch(logged.record)
             replayed += 1
             on_epoch(logged.position)
