@@ -21,19 +21,19 @@ logs them and the engine routes by them; touching another key aborts the transac
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
 
 import msgspec
+import msgspec.inspect
 
-from epochal.actors.outcome import FATAL
-from epochal.errors import ConfigError, SchemaError
+from epochal.actors.code_hash import code_hash
+from epochal.errors import ConfigError, SchemaError, describe_exception
 from epochal.log.ordering import Routed
 from epochal.log.topics import TopicNames
-from epochal.schemas.codec import decode, encode
+from epochal.schemas.canonical import canonical
+from epochal.schemas.codec import decode
 from epochal.schemas.commands import ActorKey, KeyRef
 
 __all__ = ["ActorType", "App", "Handler", "KeysFn", "load_app"]
@@ -42,9 +42,6 @@ S = TypeVar("S", bound=msgspec.Struct)
 E = TypeVar("E")
 
 KeysFn = Callable[[Any], Mapping[type, Iterable[ActorKey]]]
-
-# from a key function, these are not its bug: a wrong key type (already a SchemaError) or a crash
-_NOT_A_KEY_BUG: tuple[type[BaseException], ...] = (SchemaError, *FATAL)
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,7 @@ class Handler:
 
     name: str
     fn: Callable[..., Any]
-    event: type
+    event: type[Any]
     keys: KeysFn
     topic: str | None = None
     client: bool = False
@@ -145,6 +142,13 @@ class App:
             handler = Handler(name or fn.__name__, fn, event, keys, topic, client, aborts_to)
             if handler.name in self.handlers:
                 raise ConfigError("transaction registered twice", handler=handler.name)
+            _check_decodable(event, f"the event type of {handler.name}")
+            if topic is not None:
+                sharing = [h.event for h in self.handlers.values() if h.topic == topic]
+                if sharing:
+                    _check_decodable(
+                        Union[(*sharing, event)], f"the event types of topic {topic!r}"
+                    )
             if handler.interior and any(
                 h.interior and h.event is event for h in self.handlers.values()
             ):
@@ -193,11 +197,14 @@ class App:
                         f"key {key!r} of {actor_type.name} is not a {actor_type.key_type.__name__}",
                         handler=handler.name,
                     )
+                if not _loggable(key):
+                    raise SchemaError(
+                        f"key {key!r} of {actor_type.name} cannot be logged (an int must fit in "
+                        "64 bits, a str must be valid Unicode)",
+                        handler=handler.name,
+                    )
                 refs.add(KeyRef(actor_type.name, key))
         return tuple(sorted(refs))
-
-    def decode_event(self, handler: Handler, data: bytes) -> Any:
-        return decode(data, handler.event)
 
     # --- the sequencer's Router ----------------------------------------------------------
 
@@ -229,28 +236,55 @@ class App:
         return self._routed(handler, decode(event, handler.event))
 
     def _routed(self, handler: Handler, event: object) -> Routed:
+        """The logged form of a decoded event: its canonical bytes (what every worker decodes
+        again, so they must decode again) and the keys declared from the decoded value."""
         try:
-            keys = self.declared_keys(handler, event)
-        except _NOT_A_KEY_BUG:
+            data, checked = canonical(event, handler.event)
+        except SchemaError as exc:
+            raise SchemaError(f"invalid event: {exc.message}", handler=handler.name) from exc
+        try:
+            keys = self.declared_keys(handler, checked)
+        except (SchemaError, KeyboardInterrupt):
             raise
-        except Exception as exc:  # a bug in the user's key function: this record is a dead letter
+        except BaseException as exc:  # the user's key function failed: a dead letter, not a crash
             raise SchemaError(
-                f"key function failed: {type(exc).__name__}: {exc}", handler=handler.name
+                f"key function failed: {describe_exception(exc)}", handler=handler.name
             ) from exc
-        return Routed(handler.name, encode(event), keys)
+        return Routed(handler.name, data, keys)
 
     def code_hash(self) -> str:
-        """A hash of the source of every module that defines this app's actors or handlers."""
+        """A hash of the app's code: see :mod:`epochal.actors.code_hash` for what it covers."""
         objects: list[Any] = [a.state for a in self.actor_types.values()]
         objects += [h.fn for h in self.handlers.values()]
-        modules = {m.__name__: m for m in map(inspect.getmodule, objects) if m is not None}
-        digest = hashlib.sha256()
-        for module_name in sorted(modules):
-            try:
-                digest.update(inspect.getsource(modules[module_name]).encode())
-            except (OSError, TypeError):  # no source (frozen, interactive): the name must do
-                digest.update(module_name.encode())
-        return digest.hexdigest()[:16]
+        objects += [h.event for h in self.handlers.values()]
+        return code_hash(objects)
+
+
+def _loggable(key: ActorKey) -> bool:
+    if isinstance(key, int):
+        return -(2**63) <= key < 2**64
+    try:
+        key.encode()
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
+
+
+def _check_decodable(record_type: Any, what: str) -> None:
+    """Refuse, at registration, an event type (or a topic's union of them) msgspec cannot
+    decode: two untagged Structs on one topic would fail on every record, not at start."""
+    try:
+        msgspec.msgpack.Decoder(record_type)
+        msgspec.json.Decoder(record_type)
+        if isinstance(msgspec.inspect.type_info(record_type), msgspec.inspect.CustomType):
+            raise TypeError("a class msgspec does not know how to decode: use a msgspec.Struct")
+    except TypeError as exc:
+        types = getattr(record_type, "__args__", (record_type,))
+        names = ", ".join(getattr(t, "__name__", str(t)) for t in types)
+        raise ConfigError(
+            f"msgspec cannot decode {what} ({names}): {exc}; several event types on one topic "
+            "must be msgspec Structs with distinct tags (`class Deposit(msgspec.Struct, tag=True)`)"
+        ) from exc
 
 
 def load_app(spec: str, name: str | None = None) -> App:

@@ -3,32 +3,55 @@
 The same function, :func:`run_transaction`, serves the engine, the serial oracle and replay, so a
 transaction means one thing everywhere. Writes, emits and egress are buffered in the context and
 become the outcome only if the handler returns and every written actor meets its constraints:
-an abort has no effect anywhere (DESIGN §2.2). Only exceptions of handler code are aborts;
-MemoryError, RecursionError and SystemError propagate and stop the worker.
+an abort has no effect anywhere (DESIGN §2.2).
+
+Every value crosses the boundary between handler code and the engine as canonical bytes
+(:mod:`epochal.schemas.canonical`): ``get`` decodes a fresh copy, ``put`` and ``emit`` validate
+and encode at once. So a handler never holds a reference into the store, a value that breaks
+its schema never reaches it, and every participant of a transaction — on this worker or another —
+computes on equal values (DESIGN §2.3).
+
+Only exceptions of handler code are aborts; MemoryError, RecursionError, SystemError (and the
+operator's KeyboardInterrupt) propagate and stop the worker. Breaking the contract — an
+undeclared key, a key of the wrong type, an ill-typed ``put`` or ``emit`` — aborts the whole
+transaction even if the handler catches the exception.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import random
+import re
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import msgspec
 
-from epochal.actors.api import App
-from epochal.actors.outcome import FATAL, TxnOutcome
+from epochal.actors.api import ActorType, App
+from epochal.actors.outcome import FATAL, Emitted, TxnOutcome
 from epochal.actors.plan import EpochClock, Invocation
-from epochal.errors import TransactionAborted
+from epochal.errors import EpochalError, SchemaError, TransactionAborted, describe_exception
+from epochal.schemas.canonical import canonical, decode_canonical
 from epochal.schemas.codec import encode
 from epochal.schemas.commands import ActorKey, KeyRef
 
-__all__ = ["Context", "run_transaction"]
-
-State = msgspec.Struct
+__all__ = [
+    "MAX_EGRESS_BYTES",
+    "MAX_REASON_CHARS",
+    "Context",
+    "run_transaction",
+]
 
 S = TypeVar("S", bound=msgspec.Struct)
+
+MAX_REASON_CHARS = 1_000
+"""Abort reasons are cut to this length: they travel in egress records and metrics."""
+MAX_EGRESS_BYTES = 900_000
+"""The largest egress record a handler may write (Kafka's default message limit is 1 MiB)."""
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
+
+
+def _cut(reason: str) -> str:
+    return reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 1] + "…"
 
 
 class Context:
@@ -37,81 +60,151 @@ class Context:
     >>> account = ctx.get(Account, "alice"); account.balance -= 10; ctx.put("alice", account)
 
     ``get`` returns the transaction's own copy (a new default actor where none exists yet);
-    changes count only once ``put``. Keys outside the declared set abort the transaction.
+    changes count only once ``put``, and ``put`` takes the value as it is at that moment.
+    Keys outside the declared set abort the transaction.
     """
 
     def __init__(
         self,
         app: App,
         invocation: Invocation,
-        reads: Mapping[KeyRef, State | None],
+        reads: Mapping[KeyRef, bytes | None],
         clock: EpochClock,
     ) -> None:
         self.app = app
         self.handler = invocation.handler
         self.epoch = invocation.epoch
         self.seq = invocation.seq
+        self._invocation = invocation
         self._keys = frozenset(invocation.keys)
         self._reads = reads
         self._now_ms = clock.now_ms
         self._seed = clock.seed
         self._rng: random.Random | None = None
-        self._working: dict[KeyRef, State | None] = {}
-        self.written: set[KeyRef] = set()
-        self.emitted: list[object] = []
+        self._views: dict[KeyRef, msgspec.Struct] = {}
+        self._written: dict[KeyRef, bytes | None] = {}
+        self._checked: dict[KeyRef, msgspec.Struct] = {}  # canonical values, never handed out
+        self.emitted: list[Emitted] = []
         self.egressed: list[tuple[str, bytes]] = []
         self.violation: str | None = None  # kept even if the handler swallows the exception
 
+    def _abort(self, reason: str) -> NoReturn:
+        self.violation = self.violation or reason
+        raise TransactionAborted(reason, handler=self.handler.name)
+
     # --- state ---------------------------------------------------------------------------
 
-    def _ref(self, cls: type, key: ActorKey) -> KeyRef:
-        ref = KeyRef(self.app.actor_type(cls).name, key)
+    def _ref(self, cls: type, key: ActorKey) -> tuple[KeyRef, ActorType]:
+        try:
+            actor_type = self.app.actor_type(cls)
+        except EpochalError:
+            self._abort(f"not an actor type: {getattr(cls, '__name__', cls)!r}")
+        if type(key) is not actor_type.key_type:
+            self._abort(
+                f"key {key!r} of {actor_type.name} has type {type(key).__name__}; "
+                f"{actor_type.name} keys are {actor_type.key_type.__name__}"
+            )
+        ref = KeyRef(actor_type.name, key)
         if ref not in self._keys:
-            self.violation = (
+            self._abort(
                 f"undeclared key {ref.actor_type}[{key!r}]: "
                 f"declare it in the keys of {self.handler.name}"
             )
-            raise TransactionAborted(self.violation, handler=self.handler.name)
-        return ref
+        return ref, actor_type
 
     def get(self, cls: type[S], key: ActorKey) -> S:
-        ref = self._ref(cls, key)
-        if ref not in self._working:
-            stored = self._reads.get(ref)
-            self._working[ref] = cls() if stored is None else _copy(stored, cls)
-        value = self._working[ref]
-        return cls() if value is None else value  # type: ignore[return-value]
+        ref, _ = self._ref(cls, key)
+        view = self._views.get(ref)
+        if view is None:
+            data = self._written[ref] if ref in self._written else self._reads.get(ref)
+            view = cls() if data is None else decode_canonical(data, cls)
+            self._views[ref] = view
+        return view  # type: ignore[return-value]
 
     def exists(self, cls: type, key: ActorKey) -> bool:
-        ref = self._ref(cls, key)
-        if ref in self._working:
-            return self._working[ref] is not None
+        ref, _ = self._ref(cls, key)
+        if ref in self._written:
+            return self._written[ref] is not None
         return self._reads.get(ref) is not None
 
     def put(self, key: ActorKey, value: msgspec.Struct) -> None:
-        ref = self._ref(type(value), key)
-        self._working[ref] = value
-        self.written.add(ref)
+        ref, actor_type = self._ref(type(value), key)
+        try:
+            data, checked = canonical(value, actor_type.state)
+        except SchemaError as exc:
+            self._abort(f"ill-typed value for {ref.actor_type}[{key!r}]: {exc.message}")
+        self._written[ref] = data
+        self._checked[ref] = checked
+        self._views.pop(ref, None)  # the next get sees what was put, not later changes
 
     def delete(self, cls: type, key: ActorKey) -> None:
-        ref = self._ref(cls, key)
-        self._working[ref] = None
-        self.written.add(ref)
+        ref, _ = self._ref(cls, key)
+        self._written[ref] = None
+        self._checked.pop(ref, None)
+        self._views.pop(ref, None)
 
     # --- other handlers and the outside world -----------------------------------------------
 
     def call(self, fn: Any, event: object) -> Any:
-        """Run another handler inside this transaction (atomic with it; its keys must be ours)."""
-        return self.app.handler_for_fn(fn).fn(self, event)
+        """Run another handler inside this transaction (atomic with it; its keys must be ours).
+
+        A nested transaction: if the called handler raises, its own writes, emits and egress
+        are undone and the exception reaches the caller, which may catch it and go on.
+        """
+        try:
+            handler = self.app.handler_for_fn(fn)
+        except EpochalError:
+            self._abort(f"ctx.call of {getattr(fn, '__name__', fn)!r}: not a registered handler")
+        saved = (dict(self._written), dict(self._checked), len(self.emitted), len(self.egressed))
+        try:
+            return handler.fn(self, event)
+        except FATAL:
+            raise
+        except BaseException:
+            self._written, self._checked = saved[0], saved[1]
+            del self.emitted[saved[2] :], self.egressed[saved[3] :]
+            self._views.clear()  # objects got before the call may carry its changes
+            raise
 
     def emit(self, event: object) -> None:
-        """Trigger a separate interior transaction, run at the start of the next epoch."""
-        self.app.interior_handler(event)  # unknown event types abort now, not next epoch
-        self.emitted.append(event)
+        """Trigger a separate interior transaction, run at the start of the next epoch.
+
+        The event is taken as it is now; its transaction's keys are declared now, so an unknown
+        event type, an ill-typed event or a failing key function aborts this transaction.
+        """
+        try:
+            handler = self.app.interior_handler(event)
+        except EpochalError:
+            self._abort(f"no transaction handles the emitted {type(event).__name__}")
+        try:
+            data, checked = canonical(event, handler.event)
+        except SchemaError as exc:
+            self._abort(f"ill-typed emitted {handler.event.__name__}: {exc.message}")
+        try:
+            keys = self.app.declared_keys(handler, checked)
+        except FATAL:
+            raise
+        except BaseException as exc:
+            self._abort(f"key function of {handler.name} failed: {describe_exception(exc)}")
+        inv = self._invocation
+        self.emitted.append(
+            Emitted(
+                self.epoch, self.seq, len(self.emitted), handler.name, data, keys,
+                inv.source, inv.request_id,
+            )
+        )  # fmt: skip
 
     def egress(self, name: str, record: object) -> None:
         """Write ``record`` to ``<app>.out.<name>`` if, and when, this transaction commits."""
-        self.egressed.append((name, encode(record)))
+        if not isinstance(name, str) or not _TOPIC_NAME.fullmatch(name):
+            self._abort(f"egress name {name!r} is not a valid topic name suffix")
+        try:
+            data = encode(record)
+        except (TypeError, ValueError, OverflowError) as exc:
+            self._abort(f"egress record does not encode: {describe_exception(exc)}")
+        if len(data) > MAX_EGRESS_BYTES:
+            self._abort(f"egress record of {len(data)} bytes is over {MAX_EGRESS_BYTES}")
+        self.egressed.append((name, data))
 
     def now(self) -> int:
         """The epoch's wall-clock time in milliseconds, fixed by the sequencer and logged."""
@@ -123,51 +216,40 @@ class Context:
             self._rng = random.Random(f"{self._seed}:{self.epoch}:{self.seq}")
         return self._rng.random()
 
-    def outcome(self) -> dict[KeyRef, State | None]:
-        return {ref: self._working[ref] for ref in sorted(self.written)}
+    # --- the end of the run ------------------------------------------------------------------
 
+    def broken_constraint(self) -> str | None:
+        """The first constraint a written actor breaks, checked on the values as put."""
+        for ref, value in self._checked.items():
+            broken = self.app.actor_types[ref.actor_type].violated(value)
+            if broken is not None:
+                return f"constraint {broken!r} violated by {ref.actor_type}[{ref.key!r}]"
+        return None
 
-@functools.cache
-def _is_flat(cls: type) -> bool:
-    fields = msgspec.structs.fields(cls)
-    return all(
-        isinstance(f.type, type) and f.type in (int, float, str, bool, bytes) for f in fields
-    )
-
-
-def _copy(value: State, cls: type[S]) -> S:
-    """The transaction's own copy of a stored actor: shallow where all fields are scalars."""
-    if _is_flat(cls):
-        return copy.copy(value)  # type: ignore[return-value]
-    return msgspec.msgpack.decode(encode(value), type=cls)
+    def writes(self) -> dict[KeyRef, bytes | None]:
+        return self._written
 
 
 def run_transaction(
-    app: App, invocation: Invocation, reads: Mapping[KeyRef, State | None], clock: EpochClock
+    app: App, invocation: Invocation, reads: Mapping[KeyRef, bytes | None], clock: EpochClock
 ) -> TxnOutcome:
-    """Run one handler on ``reads`` (the values of its keys at its timestamp) to an outcome."""
-    epoch, seq, name = invocation.epoch, invocation.seq, invocation.handler.name
-    if invocation.error:
-        return TxnOutcome(epoch, seq, name, committed=False, reason=invocation.error)
-    ctx = Context(app, invocation, reads, clock)
+    """Run one handler on ``reads`` (the canonical bytes of its keys at its timestamp)."""
+    inv = invocation
+    if inv.error:
+        return TxnOutcome(inv.epoch, inv.seq, inv.handler.name, False, _cut(inv.error),
+                          source=inv.source, request_id=inv.request_id)  # fmt: skip
+    ctx = Context(app, inv, reads, clock)
     try:
-        invocation.handler.fn(ctx, invocation.event)
-        writes = ctx.outcome()
-        broken = _broken_constraint(app, writes)
+        inv.handler.fn(ctx, inv.event)
+        reason = ctx.violation or ctx.broken_constraint()
     except FATAL:
         raise
-    except Exception as exc:
-        return TxnOutcome(epoch, seq, name, False, ctx.violation or f"{type(exc).__name__}: {exc}")
-    reason = ctx.violation or broken
+    except BaseException as exc:  # handler code's exception, however odd: an abort
+        reason = ctx.violation or describe_exception(exc)
     if reason is not None:
-        return TxnOutcome(epoch, seq, name, committed=False, reason=reason)
-    return TxnOutcome(epoch, seq, name, True, writes=writes, emits=ctx.emitted, egress=ctx.egressed)
-
-
-def _broken_constraint(app: App, writes: Mapping[KeyRef, State | None]) -> str | None:
-    for ref, value in writes.items():
-        if value is not None:
-            broken = app.actor_types[ref.actor_type].violated(value)
-            if broken is not None:
-                return f"constraint {broken!r} violated by {ref.actor_type}[{ref.key!r}]"
-    return None
+        return TxnOutcome(inv.epoch, inv.seq, inv.handler.name, False, _cut(reason),
+                          source=inv.source, request_id=inv.request_id)  # fmt: skip
+    return TxnOutcome(
+        inv.epoch, inv.seq, inv.handler.name, True, writes=ctx.writes(), emits=ctx.emitted,
+        egress=ctx.egressed, source=inv.source, request_id=inv.request_id,
+    )  # fmt: skip

@@ -1,9 +1,10 @@
-"""State digests: a sum, mod 2**256, of one hash per ``(actor type, key, encoded state)``.
+"""State digests: a sum, mod 2**256, of one hash per ``(actor type, key, canonical state)``.
 
 Engines, the oracle and replay are compared by digest (DESIGN §2.3): equal digests, equal state.
 A sum of item hashes does not depend on order, so each partition keeps its own share up to date
 on every write (two hashes per write, instead of hashing all state every epoch), and the digest
-of a cluster is the sum of its partitions' shares.
+of a cluster is the sum of its partitions' shares. States are hashed as their canonical bytes
+(:mod:`epochal.schemas.canonical`), embedded as they are in the msgpack of the item.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ __all__ = ["DigestSum", "item_hash", "state_digest"]
 _MODULUS = 2**256
 
 
-def item_hash(ref: KeyRef, value: msgspec.Struct) -> int:
-    data = encode((ref.actor_type, ref.key, value))
+def item_hash(ref: KeyRef, value: bytes) -> int:
+    data = encode((ref.actor_type, ref.key, msgspec.Raw(value)))
     return int.from_bytes(hashlib.blake2b(data, digest_size=32).digest(), "big")
 
 
@@ -32,7 +33,7 @@ class DigestSum:
     def __init__(self, total: int = 0) -> None:
         self.total = total % _MODULUS
 
-    def replace(self, ref: KeyRef, old: msgspec.Struct | None, new: msgspec.Struct | None) -> None:
+    def replace(self, ref: KeyRef, old: bytes | None, new: bytes | None) -> None:
         if old is not None:
             self.total -= item_hash(ref, old)
         if new is not None:
@@ -43,8 +44,8 @@ class DigestSum:
         return f"{self.total:064x}"
 
 
-def state_digest(items: Iterable[tuple[KeyRef, msgspec.Struct]]) -> str:
-    """The digest of a whole state, from scratch."""
+def state_digest(items: Iterable[tuple[KeyRef, bytes]]) -> str:
+    """The digest of a whole state (canonical bytes per actor), from scratch."""
     running = DigestSum()
     for ref, value in items:
         running.replace(ref, None, value)

@@ -1,10 +1,11 @@
 """The partitions of one worker on one asyncio loop, executing command-log epochs in order.
 
 Partition ``p`` of ``P`` belongs to worker ``p * W // P`` (contiguous blocks, so neighbouring
-key ranges share a process). Reads for a partition of the same worker are delivered directly;
-others go to the owning worker over TCP (:mod:`epochal.actors.transport`) - one protocol. At the
-end of each epoch every worker announces the events its transactions emitted and waits for the
-others', so that all derive the same interior transactions for the next epoch.
+key ranges share a process). A transaction runs once on each worker that owns one of its keys
+(:mod:`epochal.actors.executor`); the values of keys on other workers arrive over TCP
+(:mod:`epochal.actors.transport`) as canonical bytes. At the end of each epoch every worker
+announces the events its transactions emitted and waits for the others', so that all derive the
+same interior transactions for the next epoch.
 
 :class:`LocalEngine` is the one-worker case: all partitions in this process, no network.
 """
@@ -20,12 +21,13 @@ import msgspec
 
 from epochal.actors.api import App
 from epochal.actors.digest import DigestSum
-from epochal.actors.executor import PartitionExecutor, Reads, split_plan
-from epochal.actors.outcome import TxnOutcome
+from epochal.actors.executor import EpochExecutor, Reads, split_plan
+from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
-from epochal.actors.plan import Emitted, EpochClock, emitted_by, plan_epoch
-from epochal.actors.transport import DoneFrame, EmitItem, Peers, ReadItem, ReadsFrame
-from epochal.schemas.codec import decode, encode
+from epochal.actors.plan import EpochClock, emitted_by, plan_epoch
+from epochal.actors.store import StateStore
+from epochal.actors.transport import DoneFrame, Peers, ReadItem, ReadsFrame
+from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.commands import EpochRecord, KeyRef, PartitionId
 
 __all__ = ["Engine", "EpochResult", "LocalEngine", "owner_of"]
@@ -75,34 +77,23 @@ class Engine:
         self.workers = workers
         self.total = partitions
         self.ranges = KeyRanges.even(app, partitions)
-        self.partitions = {
-            PartitionId(p): PartitionExecutor(
-                PartitionId(p), app, self.ranges, digest=DigestSum() if track_digest else None
-            )
-            for p in range(partitions)
-            if owner_of(p, partitions, workers) == worker
-        }
+        self.worker_of = tuple(owner_of(p, partitions, workers) for p in range(partitions))
+        self.partitions = tuple(PartitionId(p) for p, w in enumerate(self.worker_of) if w == worker)
+        self.store = StateStore(self.partitions, track_digest)
+        self.executor = EpochExecutor(app, worker, self.partitions, self.store)
         self.peers = peers
         if peers is not None:
             peers.on_frame = self.on_frame
         self.carried: list[Emitted] = []
-        self._done: dict[int, dict[int, list[EmitItem]]] = {}
+        self._done: dict[int, dict[int, list[Emitted]]] = {}
         self._done_arrived = asyncio.Event()
 
     # --- the Exchange protocol ---------------------------------------------------------------
 
-    def send(self, to: PartitionId, epoch: int, seq: int, reads: Reads) -> None:
-        local = self.partitions.get(to)
-        if local is not None:
-            local.receive(epoch, seq, reads)
-            return
+    def send(self, to: int, epoch: int, seq: int, reads: Reads) -> None:
         assert self.peers is not None
-        items = [
-            ReadItem(ref.actor_type, ref.key, None if value is None else encode(value))
-            for ref, value in reads.items()
-        ]
-        owner = owner_of(to, self.total, self.workers)
-        self.peers.send(owner, ReadsFrame(self.peers.generation, epoch, seq, to, items))
+        items = [ReadItem(ref.actor_type, ref.key, value) for ref, value in reads.items()]
+        self.peers.send(to, ReadsFrame(self.peers.generation, epoch, seq, items))
 
     async def flush(self) -> None:
         if self.peers is not None:
@@ -112,13 +103,8 @@ class Engine:
     def on_frame(self, frame: ReadsFrame | DoneFrame) -> None:
         """Frames from other workers (the transport calls this)."""
         if isinstance(frame, ReadsFrame):
-            reads: Reads = {
-                KeyRef(item.actor_type, item.key): None
-                if item.value is None
-                else decode(item.value, self.app.actor_types[item.actor_type].state)
-                for item in frame.items
-            }
-            self.partitions[PartitionId(frame.to)].receive(frame.epoch, frame.seq, reads)
+            reads: Reads = {KeyRef(i.actor_type, i.key): i.value for i in frame.items}
+            self.executor.receive(frame.epoch, frame.seq, reads)
         else:
             self._done.setdefault(frame.epoch, {})[frame.worker] = frame.emits
             self._done_arrived.set()
@@ -128,40 +114,26 @@ class Engine:
     async def run_epoch(self, record: EpochRecord) -> EpochResult:
         clock = EpochClock.of(record)
         plan = plan_epoch(self.app, record, self.carried)
-        shares = split_plan(plan, self.ranges, self.partitions)
-        reported = await self._unless_peers_fail(
-            asyncio.gather(
-                *(p.run_epoch(clock, shares[p.pid], self) for p in self.partitions.values())
-            )
-        )
-        outcomes = tuple(sorted((o for part in reported for o in part), key=lambda o: o.seq))
+        steps = split_plan(plan, self.ranges, self.worker_of, self.worker)
+        by_partition = await self._unless_peers_fail(self.executor.run_epoch(clock, steps, self))
+        outcomes = tuple(sorted((o for part in by_partition.values() for o in part),
+                                key=lambda o: o.seq))  # fmt: skip
         emitted = emitted_by(outcomes)
         if self.peers is not None:
             emitted += await self._exchange_emits(record.epoch, emitted)
         self.carried = sorted(emitted, key=lambda e: (e.epoch, e.seq, e.index))
-        by_partition = dict(zip(self.partitions, reported, strict=True))
         return EpochResult(record.epoch, outcomes, self.digest(), by_partition)
 
     async def _exchange_emits(self, epoch: int, mine: list[Emitted]) -> list[Emitted]:
         """Announce this worker's emits for ``epoch`` and collect every other worker's."""
         assert self.peers is not None
-        items = [
-            EmitItem(
-                e.epoch, e.seq, e.index, self.app.interior_handler(e.event).name, encode(e.event)
-            )
-            for e in mine
-        ]
-        self.peers.broadcast(DoneFrame(self.peers.generation, epoch, self.worker, items))
+        self.peers.broadcast(DoneFrame(self.peers.generation, epoch, self.worker, mine))
         await self.peers.flush()
         while len(self._done.get(epoch, {})) < self.workers - 1:
             self._done_arrived.clear()
             await self._unless_peers_fail(self._done_arrived.wait())
         theirs = self._done.pop(epoch)
-        return [
-            Emitted(i.epoch, i.seq, i.index, decode(i.event, self.app.handlers[i.handler].event))
-            for items_of in theirs.values()
-            for i in items_of
-        ]
+        return [emitted for items in theirs.values() for emitted in items]
 
     async def _unless_peers_fail(self, awaitable: Awaitable[T]) -> T:
         """Await ``awaitable``, or raise the transport's error as soon as a peer is lost."""
@@ -179,19 +151,19 @@ class Engine:
         return [await self.run_epoch(record) for record in records]
 
     def items(self) -> Iterator[tuple[KeyRef, msgspec.Struct]]:
-        for partition in self.partitions.values():
-            yield from partition.store.items()
+        """This worker's actors, decoded."""
+        types = self.app.actor_types
+        for ref, data in self.store.items():
+            yield ref, decode_canonical(data, types[ref.actor_type].state)
 
     def digest(self) -> str:
         """The digest of this worker's partitions (all of them for a one-worker engine).
 
-        Empty when digests are not tracked. Add the ``total`` of each worker's partitions
+        Empty when digests are not tracked. Add the ``total`` of each worker's share
         (``DigestSum``) to get a cluster's digest.
         """
-        shares = [p.digest for p in self.partitions.values()]
-        if any(share is None for share in shares):
-            return ""
-        return DigestSum(sum(share.total for share in shares if share is not None)).hex()
+        total = self.store.digest_total()
+        return "" if total is None else DigestSum(total).hex()
 
 
 class LocalEngine(Engine):

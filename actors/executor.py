@@ -1,107 +1,124 @@
-"""The epoch executor of one partition: Calvin-style, deterministic, no locks, no 2PC.
+"""The epoch executor of one worker: Calvin-style, deterministic, no locks, no 2PC.
 
-Every partition receives the same ordered transactions and runs those that touch its keys:
+Every worker receives the same ordered transactions and runs, **once**, each one that touches a
+key of one of its partitions (however many of its partitions the transaction touches):
 
 * a transaction runs once none of its local keys is held by an earlier transaction of this
-  partition that has not run yet (per-key operation chains, TStream): each key sees its
-  operations in timestamp order, while unrelated later transactions pass a blocked one;
-* a multi-partition transaction first sends the values of its local keys to the other
-  participants (as soon as they are final), waits for theirs, then every participant runs the
-  same handler on the same values, reaches the same outcome, and applies only its own writes.
-  The lowest participant reports the outcome (egress, emits, aborts).
+  worker that has not run yet (per-key operation chains, TStream): each key sees its operations
+  in timestamp order, while unrelated later transactions pass a blocked one;
+* a transaction spanning several workers first sends the canonical bytes of its local keys to
+  the other participating workers (as soon as they are final), waits for theirs, then every
+  participant runs the same handler on the same bytes, reaches the same outcome, and applies
+  only the writes to its own keys. The owner of the lowest participating partition reports the
+  outcome (egress, emits, aborts) for that partition.
 
-Sends are buffered and flushed once per pass over the pending transactions, so a chain of
-dependent multi-partition transactions costs a few exchange rounds per epoch, never a round
-trip per transaction. There is no deadlock: every partition follows the same global order, so
-each wait is on a transaction that every participant reaches.
+Running a transaction once per worker (not once per local partition) means that partitions of
+one worker never exchange anything, and that every participant decodes its own event and reads:
+no two runs ever share a value. Sends are buffered and flushed once per pass over the pending
+transactions, so a chain of dependent cross-worker transactions costs a few exchange rounds per
+epoch, never a round trip per transaction. There is no deadlock: every worker follows the same
+global order, so each wait is on a transaction that every participant reaches.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
-
-import msgspec
 
 from epochal.actors.api import App
 from epochal.actors.context import run_transaction
-from epochal.actors.digest import DigestSum
 from epochal.actors.outcome import TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import EpochClock, Invocation
+from epochal.actors.store import StateStore
 from epochal.schemas.commands import KeyRef, PartitionId
 
-__all__ = ["Exchange", "PartitionExecutor", "Reads", "Step", "split_plan"]
+__all__ = ["EpochExecutor", "Exchange", "Reads", "Step", "split_plan"]
 
-Reads = dict[KeyRef, msgspec.Struct | None]
+Reads = dict[KeyRef, bytes | None]
 
 
 class Exchange(Protocol):
-    """Carries read values between partitions: in-process queues or TCP, one protocol."""
+    """Carries read values to other workers (TCP, or nothing for a single worker)."""
 
-    def send(self, to: PartitionId, epoch: int, seq: int, reads: Reads) -> None: ...
+    def send(self, to: int, epoch: int, seq: int, reads: Reads) -> None: ...
 
     async def flush(self) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
-    """One transaction as one participant sees it: all participants, its own keys."""
+    """One transaction as one worker sees it: the participating workers and its own keys.
+
+    ``partitions[i]`` owns ``local_keys[i]``; ``reporter`` is the partition that reports the
+    outcome if this worker owns it, else None.
+    """
 
     invocation: Invocation
-    participants: tuple[PartitionId, ...]
+    workers: tuple[int, ...]
     local_keys: tuple[KeyRef, ...]
+    partitions: tuple[PartitionId, ...]
+    reporter: PartitionId | None
     sent: bool = False
 
 
 def split_plan(
-    plan: Sequence[Invocation], ranges: KeyRanges, partitions: Iterable[PartitionId]
-) -> dict[PartitionId, list[Step]]:
-    """Each of ``partitions``' share of an epoch, in timestamp order; owners computed once."""
-    shares: dict[PartitionId, list[Step]] = {p: [] for p in partitions}
+    plan: Sequence[Invocation], ranges: KeyRanges, worker_of: Sequence[int], worker: int
+) -> list[Step]:
+    """This worker's share of an epoch, in timestamp order; ``worker_of[p]`` owns partition p."""
+    steps: list[Step] = []
+    alone = all(w == worker for w in worker_of)
+    me = (worker,)
     for invocation in plan:
-        owners = [ranges.partition_of(ref) for ref in invocation.keys]
-        participants = tuple(sorted(set(owners))) or (PartitionId(0),)
-        for p in participants:
-            share = shares.get(p)
-            if share is not None:
-                local = tuple(k for k, o in zip(invocation.keys, owners, strict=True) if o == p)
-                share.append(Step(invocation, participants, local))
-    return shares
+        keys = invocation.keys
+        parts = tuple([ranges.partition_of(ref) for ref in keys])
+        lowest = min(parts) if parts else PartitionId(0)
+        if alone:  # one worker owns everything: no exchange, no filtering
+            steps.append(Step(invocation, me, keys, parts, lowest))
+            continue
+        workers = tuple(sorted({worker_of[p] for p in parts})) if parts else (worker_of[0],)
+        if worker not in workers:
+            continue
+        if len(workers) == 1:
+            local, local_parts = keys, parts
+        else:
+            mine = [i for i, p in enumerate(parts) if worker_of[p] == worker]
+            local, local_parts = tuple(keys[i] for i in mine), tuple(parts[i] for i in mine)
+        reporter = lowest if worker_of[lowest] == worker else None
+        steps.append(Step(invocation, workers, local, local_parts, reporter))
+    return steps
 
 
-@dataclass
-class PartitionExecutor:
-    """The state of one key range and the loop that runs its share of each epoch."""
+class EpochExecutor:
+    """Runs this worker's share of each epoch on its :class:`StateStore`."""
 
-    pid: PartitionId
-    app: App
-    ranges: KeyRanges
-    store: dict[KeyRef, msgspec.Struct] = field(default_factory=dict)
-    digest: DigestSum | None = field(default_factory=DigestSum)  # None: not tracked
-    _inbox: dict[tuple[int, int], Reads] = field(default_factory=dict)
-    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    def __init__(self, app: App, worker: int, partitions: Iterable[PartitionId], store: StateStore):
+        self.app = app
+        self.worker = worker
+        self.partitions = tuple(partitions)
+        self.store = store
+        self._inbox: dict[tuple[int, int], Reads] = {}
+        self._arrived = asyncio.Event()
 
     def receive(self, epoch: int, seq: int, reads: Reads) -> None:
-        """Values another participant read for transaction ``(epoch, seq)``."""
+        """Values another worker read for transaction ``(epoch, seq)``."""
         self._inbox.setdefault((epoch, seq), {}).update(reads)
         self._arrived.set()
 
     async def run_epoch(
         self, clock: EpochClock, steps: list[Step], exchange: Exchange
-    ) -> list[TxnOutcome]:
-        """Run this partition's share of an epoch (:func:`split_plan`); its reported outcomes."""
+    ) -> dict[PartitionId, list[TxnOutcome]]:
+        """Run this worker's share of an epoch; the outcomes each local partition reports."""
+        reported: dict[PartitionId, list[TxnOutcome]] = {p: [] for p in self.partitions}
         pending = steps
-        reported: list[TxnOutcome] = []
         while pending:
             pending, progressed = self._pass(clock, pending, exchange, reported)
             await exchange.flush()
             if pending and not progressed:
                 await self._arrived.wait()
                 self._arrived.clear()
-        reported.sort(key=lambda o: o.seq)
         return reported
 
     def _pass(
@@ -109,7 +126,7 @@ class PartitionExecutor:
         clock: EpochClock,
         pending: list[Step],
         exchange: Exchange,
-        reported: list[TxnOutcome],
+        reported: dict[PartitionId, list[TxnOutcome]],
     ) -> tuple[list[Step], bool]:
         """One pass in timestamp order: run what is ready, send what is final, keep the rest."""
         held: set[KeyRef] = set()
@@ -120,8 +137,8 @@ class PartitionExecutor:
                 still.append(step)
                 held.update(step.local_keys)
                 continue
-            remote: Mapping[KeyRef, msgspec.Struct | None] = {}
-            if len(step.participants) > 1:
+            remote: Mapping[KeyRef, bytes | None] = {}
+            if len(step.workers) > 1:
                 self._send_reads(step, exchange)
                 key = (step.invocation.epoch, step.invocation.seq)
                 remote = self._inbox.get(key, {})
@@ -137,9 +154,10 @@ class PartitionExecutor:
     def _send_reads(self, step: Step, exchange: Exchange) -> None:
         if step.sent:
             return
-        reads = {ref: self.store.get(ref) for ref in step.local_keys}
-        for other in step.participants:
-            if other != self.pid:
+        values = self.store.values
+        reads = {ref: values.get(ref) for ref in step.local_keys}
+        for other in step.workers:
+            if other != self.worker:
                 exchange.send(other, step.invocation.epoch, step.invocation.seq, reads)
         step.sent = True
 
@@ -147,19 +165,18 @@ class PartitionExecutor:
         self,
         clock: EpochClock,
         step: Step,
-        remote: Mapping[KeyRef, msgspec.Struct | None],
-        reported: list[TxnOutcome],
+        remote: Mapping[KeyRef, bytes | None],
+        reported: dict[PartitionId, list[TxnOutcome]],
     ) -> None:
-        reads: Reads = {ref: self.store.get(ref) for ref in step.local_keys}
-        reads.update(remote)
+        values = self.store.values
+        reads: Reads = {ref: values.get(ref) for ref in step.local_keys}
+        if remote:
+            reads.update(remote)
         outcome = run_transaction(self.app, step.invocation, reads, clock)
-        for ref, value in outcome.writes.items():
-            if self.ranges.partition_of(ref) != self.pid:
-                continue
-            old = self.store.pop(ref, None) if value is None else self.store.get(ref)
-            if value is not None:
-                self.store[ref] = value
-            if self.digest is not None:
-                self.digest.replace(ref, old, value)
-        if step.participants[0] == self.pid:
-            reported.append(outcome)
+        if outcome.committed:
+            local = step.local_keys
+            for ref, value in outcome.writes.items():
+                if ref in local:  # the other workers apply their own keys
+                    self.store.apply(ref, step.partitions[local.index(ref)], value)
+        if step.reporter is not None:
+            reported[step.reporter].append(outcome)

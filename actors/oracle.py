@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import msgspec
-
 from epochal.actors.api import App
 from epochal.actors.context import run_transaction
 from epochal.actors.digest import state_digest
@@ -26,7 +24,7 @@ class SerialOracle:
 
     def __init__(self, app: App) -> None:
         self.app = app
-        self.state: dict[KeyRef, msgspec.Struct] = {}
+        self.state: dict[KeyRef, bytes] = {}  # canonical bytes, as every executor keeps them
         self.carried: list[Emitted] = []
 
     def run_epoch(self, record: EpochRecord) -> EpochResult:
@@ -35,7 +33,7 @@ class SerialOracle:
         for inv in plan_epoch(self.app, record, self.carried):
             reads = {ref: self.state.get(ref) for ref in inv.keys}
             outcome = run_transaction(self.app, inv, reads, clock)
-            for ref, value in outcome.writes.items():
+            for ref, value in outcome.writes.items() if outcome.committed else ():
                 if value is None:
                     self.state.pop(ref, None)
                 else:

@@ -3,7 +3,8 @@
 Interior transactions emitted in epoch e run at the start of epoch e+1, before the logged ones,
 ordered by (parent timestamp, emit index); they get the negative seqs -k..-1 so that the
 timestamp order ``(epoch, seq)`` puts them first. They are derived, never logged: the engine, the
-oracle and replay all derive them here, the same way.
+oracle and replay all derive them here, the same way, from the canonical bytes and keys fixed
+when the parent emitted them.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import msgspec
+
 from epochal.actors.api import App, Handler
-from epochal.actors.outcome import FATAL, TxnOutcome
+from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.errors import RecoveryError
-from epochal.schemas.commands import EpochRecord, KeyRef, Origin
+from epochal.schemas.canonical import decode_canonical
+from epochal.schemas.commands import EpochRecord, InputPosition, KeyRef, Origin
 
 __all__ = ["Emitted", "EpochClock", "Invocation", "emitted_by", "ensure_same_code", "plan_epoch"]
 
@@ -32,19 +36,13 @@ class EpochClock:
         return cls(record.epoch, record.now_ms, record.seed)
 
 
-@dataclass(frozen=True)
-class Emitted:
-    """An event a committed transaction emitted: parent timestamp and emit index order them."""
-
-    epoch: int
-    seq: int
-    index: int
-    event: object
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Invocation:
-    """One transaction to run at ``(epoch, seq)``; ``error`` set means it aborts as planned."""
+    """One transaction to run at ``(epoch, seq)``; ``error`` set means it aborts as planned.
+
+    ``event`` is decoded afresh for each run: a handler that changes its event changes only its
+    own copy. ``source``/``request_id`` name the input it came from (for egress).
+    """
 
     epoch: int
     seq: int
@@ -53,32 +51,36 @@ class Invocation:
     keys: tuple[KeyRef, ...]
     origin: Origin
     error: str = ""
+    source: InputPosition | None = None
+    request_id: str = ""
 
 
 def emitted_by(outcomes: Iterable[TxnOutcome]) -> list[Emitted]:
     """The events committed transactions emitted, in (parent timestamp, emit index) order."""
-    found = [
-        Emitted(o.epoch, o.seq, i, event)
-        for o in outcomes
-        if o.committed
-        for i, event in enumerate(o.emits)
-    ]
+    found = [e for o in outcomes if o.committed for e in o.emits]
     return sorted(found, key=lambda e: (e.epoch, e.seq, e.index))
+
+
+def _decoded(handler: Handler, data: bytes) -> tuple[object, str]:
+    """The event, or the reason it no longer decodes (a log replayed under changed code)."""
+    try:
+        return decode_canonical(data, handler.event), ""
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        return None, f"event no longer decodes as {handler.event.__name__}: {exc}"
 
 
 def _interior(app: App, epoch: int, carried: list[Emitted]) -> list[Invocation]:
     ordered = sorted(carried, key=lambda e: (e.epoch, e.seq, e.index))
     out = []
     for i, emitted in enumerate(ordered):
-        seq = i - len(ordered)
-        handler = app.interior_handler(emitted.event)
-        try:
-            keys, error = app.declared_keys(handler, emitted.event), ""
-        except FATAL:
-            raise
-        except Exception as exc:  # the user's key function failed: the transaction aborts
-            keys, error = (), f"key function of {handler.name} failed: {exc}"
-        out.append(Invocation(epoch, seq, handler, emitted.event, keys, Origin.INTERIOR, error))
+        handler = app.handlers[emitted.handler]
+        event, error = _decoded(handler, emitted.event)
+        out.append(
+            Invocation(
+                epoch, i - len(ordered), handler, event, emitted.keys, Origin.INTERIOR, error,
+                emitted.source, emitted.request_id,
+            )
+        )  # fmt: skip
     return out
 
 
@@ -87,8 +89,13 @@ def plan_epoch(app: App, record: EpochRecord, carried: list[Emitted]) -> list[In
     plan = _interior(app, record.epoch, carried)
     for txn in record.txns:
         handler = app.handlers[txn.handler]
-        event = app.decode_event(handler, txn.event)
-        plan.append(Invocation(record.epoch, txn.seq, handler, event, txn.keys, txn.origin))
+        event, error = _decoded(handler, txn.event)
+        plan.append(
+            Invocation(
+                record.epoch, txn.seq, handler, event, txn.keys, txn.origin, error,
+                txn.source, txn.request_id,
+            )
+        )  # fmt: skip
     return plan
 
 

@@ -19,6 +19,8 @@ Users catch these, never a library's exception type: ``log/`` translates conflue
 
 Every error carries its context (topic, partition, offset, epoch, actor key, ...) as keyword
 arguments and prints it after the message, so a log line says where things went wrong.
+:func:`describe_exception` is the one way to turn any exception (a user's, possibly odd) into
+a reason string.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = [
     "SchemaError",
     "SnapshotMissingError",
     "TransactionAborted",
+    "describe_exception",
 ]
 
 
@@ -97,3 +100,13 @@ class SchemaError(EpochalError):
 
 class QueryError(EpochalError):
     """A query could not be answered."""
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message`` (or ``Type``) for any exception, even one whose ``str()`` raises: user
+    code's exceptions become abort reasons and dead-letter reasons, and must never fail there."""
+    try:
+        message = str(exc)
+    except BaseException:  # an exception whose __str__ raises still has a type
+        message = "<unprintable message>"
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

@@ -48,10 +48,10 @@ class Run:
         return {ref.key: v for ref, v in self.engine.items() if ref.actor_type == actor_type}
 
     def keys_per_partition(self, actor_type: str) -> Counter[int]:
+        ranges = self.engine.ranges
         return Counter(
-            int(pid)
-            for pid, p in self.engine.partitions.items()
-            for ref in p.store
+            int(ranges.partition_of(ref))
+            for ref, _ in self.engine.store.items()
             if ref.actor_type == actor_type
         )
 

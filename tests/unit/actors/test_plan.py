@@ -1,18 +1,26 @@
 from __future__ import annotations
 
-from epochal.actors.outcome import TxnOutcome
+from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.actors.plan import emitted_by, plan_epoch
-from epochal.schemas.commands import EpochRecord, KeyRef, Origin
+from epochal.schemas.canonical import encode_canonical
+from epochal.schemas.commands import EpochRecord, InputPosition, KeyRef, Origin
 from tests.unit.actors.workload import Audit, Deposit, Transfer, app, command_log
+
+
+def _emitted(epoch: int, seq: int, index: int, event: Audit) -> Emitted:
+    keys = app.declared_keys(app.handlers["audit"], event)
+    return Emitted(epoch, seq, index, "audit", encode_canonical(event), keys,
+                   InputPosition("testbank.in.ops", 0, seq), "")  # fmt: skip
 
 
 def test_interior_transactions_run_first_ordered_by_parent_timestamp_and_emit_index() -> None:
     outcomes = [
-        TxnOutcome(3, 5, "transfer", True, emits=[Audit(1, 31), Audit(2, 32)]),
-        TxnOutcome(3, -1, "audit", True, emits=[Audit(3, 33)]),
-        TxnOutcome(3, 2, "transfer", True, emits=[Audit(4, 34)]),
-        TxnOutcome(3, 1, "transfer", False, emits=[Audit(9, 99)]),  # aborted: its emits vanish
-    ]
+        TxnOutcome(3, 5, "transfer", True, emits=[_emitted(3, 5, 0, Audit(1, 31)),
+                                                   _emitted(3, 5, 1, Audit(2, 32))]),
+        TxnOutcome(3, -1, "audit", True, emits=[_emitted(3, -1, 0, Audit(3, 33))]),
+        TxnOutcome(3, 2, "transfer", True, emits=[_emitted(3, 2, 0, Audit(4, 34))]),
+        TxnOutcome(3, 1, "transfer", False, emits=[_emitted(3, 1, 0, Audit(9, 99))]),  # aborted
+    ]  # fmt: skip
     logged = command_log([[], [Deposit(1, 5)]])[1]
     record = EpochRecord(4, logged.now_ms, logged.seed, logged.code_hash, logged.txns)
     plan = plan_epoch(app, record, emitted_by(outcomes))
@@ -23,7 +31,14 @@ def test_interior_transactions_run_first_ordered_by_parent_timestamp_and_emit_in
     ]  # fmt: skip
     assert [p.event for p in plan[:4]] == [Audit(3, 33), Audit(4, 34), Audit(1, 31), Audit(2, 32)]
     assert plan[0].keys == (KeyRef("Account", 3), KeyRef("AuditLog", "audit"))
+    assert [p.source.offset for p in plan[:4] if p.source] == [-1, 2, 5, 5]  # the chain's input
     assert {p.epoch for p in plan} == {4}
+
+
+def test_each_plan_decodes_its_own_events() -> None:
+    (record,) = command_log([[Transfer(1, 2, 3)]])
+    first, second = plan_epoch(app, record, []), plan_epoch(app, record, [])
+    assert first[0].event == second[0].event and first[0].event is not second[0].event
 
 
 def test_logged_transactions_keep_the_sequencer_order() -> None:
@@ -31,3 +46,11 @@ def test_logged_transactions_keep_the_sequencer_order() -> None:
     assert [(p.seq, p.handler.name) for p in plan_epoch(app, record, [])] == [
         (0, "transfer"), (1, "deposit"), (2, "transfer"),
     ]  # fmt: skip
+
+
+def test_an_event_that_no_longer_decodes_is_a_planned_abort() -> None:
+    (record,) = command_log([[Deposit(1, 5)]])
+    txn = record.txns[0]
+    broken = EpochRecord(0, 0, 0, "", (type(txn)(0, "deposit", b"\xc1", txn.keys),))
+    (invocation,) = plan_epoch(app, broken, [])
+    assert invocation.error.startswith("event no longer decodes as Deposit")

@@ -44,7 +44,7 @@ async def _cluster(records: list[EpochRecord], partitions: int, workers: int) ->
         for r in results
         for o in r.outcomes
     )
-    return state_digest(item for e in engines for item in e.items()), outcomes
+    return state_digest(item for e in engines for item in e.store.items()), outcomes
 
 
 @pytest.mark.parametrize(("partitions", "workers"), [(2, 2), (4, 2)])

@@ -3,6 +3,12 @@
 Transfers between accounts spread over partitions (multi-partition transactions), a constraint
 (balance >= 0), a handler that touches an undeclared key, interior transactions (audits) that
 sometimes abort, a count window, ctx.random and ctx.now, egress and deletes.
+
+And handlers written the way careless users write them, each of which once made participants of
+one transaction disagree: one that changes its event in place (``e.amount += e.fee``), one that
+stores ill-typed values (a float in an int field, an int in a float field), one that emits an
+event sharing a list with the state and then changes that list, and one that uses a key equal to
+a declared one but of another type (``1.0`` or ``True`` for ``1``).
 """
 
 from __future__ import annotations
@@ -61,9 +67,36 @@ class Sneaky(msgspec.Struct, frozen=True, tag=True):
     account: int
 
 
+class FeeTransfer(msgspec.Struct, tag=True):  # mutable: the handler changes it in place
+    source: int
+    target: int
+    amount: int
+    fee: int
+    notes: list[str] = msgspec.field(default_factory=lambda: ["a", "b"])
+
+
+class Scale(msgspec.Struct, frozen=True, tag=True):
+    account: int
+    percent: int
+
+
+class Share(msgspec.Struct, frozen=True, tag=True):
+    account: int
+
+
+class Alias(msgspec.Struct, frozen=True, tag=True):
+    account: int
+    kind: int  # 0: the declared int, 1: the same as a float, 2: as a bool
+
+
 class Audit(msgspec.Struct, frozen=True):
     source: int
     amount: int
+
+
+class Note(msgspec.Struct):
+    account: int
+    items: list[int]
 
 
 class Receipt(msgspec.Struct, frozen=True):
@@ -119,6 +152,58 @@ def sneaky(ctx: Context, e: Sneaky) -> None:
         ctx.get(Account, e.account + 1)
 
 
+@app.transaction(
+    topic="ops", event=FeeTransfer, keys=lambda e: {Account: [e.source, e.target]}, client=True
+)
+def fee_transfer(ctx: Context, e: FeeTransfer) -> None:
+    e.amount += e.fee  # normalises its event in place: the debit includes the fee
+    note = e.notes.pop() if e.notes else "none"
+    source, target = ctx.get(Account, e.source), ctx.get(Account, e.target)
+    source.balance -= e.amount
+    target.balance += e.amount - e.fee
+    ctx.put(e.source, source)
+    ctx.put(e.target, target)
+    ctx.egress("receipts", {"fee": e.fee, "debit": e.amount, "note": note, "left": e.notes})
+
+
+@app.transaction(topic="ops", event=Scale, keys=lambda e: {Account: [e.account]})
+def scale(ctx: Context, e: Scale) -> None:
+    account = ctx.get(Account, e.account)
+    account.balance = account.balance * (100 + e.percent) / 100  # type: ignore[assignment]
+    if e.percent % 2 == 0:
+        account.balance = round(account.balance)  # an int again: fine
+    ctx.put(e.account, account)  # odd percents leave a float in an int field: aborts
+
+
+@app.transaction(topic="ops", event=Share, keys=lambda e: {AuditLog: ["audit"]})
+def share(ctx: Context, e: Share) -> None:
+    log = ctx.get(AuditLog, "audit")
+    log.lucky = round(ctx.random() * 10)  # an int in a float field: stored as a float
+    ctx.emit(Note(e.account, log.recent.items))  # shares a list with the state ...
+    log.recent.items.append(1_000 + e.account)  # ... which then changes
+    log.recent.items = log.recent.items[-5:]
+    ctx.put("audit", log)
+
+
+@app.transaction(topic="ops", event=Alias, keys=lambda e: {Account: [e.account]})
+def alias(ctx: Context, e: Alias) -> None:
+    key = [e.account, float(e.account), e.account == e.account][e.kind]
+    account = ctx.get(Account, key)  # type: ignore[arg-type]
+    account.touched += 1
+    ctx.put(e.account, account)
+
+
+@app.transaction(event=Note, keys=lambda e: {AuditLog: ["audit"], Account: [e.account]})
+def note(ctx: Context, e: Note) -> None:
+    log = ctx.get(AuditLog, "audit")
+    log.total += sum(e.items) + len(e.items)
+    e.items.append(-1)  # its own copy
+    ctx.put("audit", log)
+    account = ctx.get(Account, e.account)
+    account.touched += len(e.items)
+    ctx.put(e.account, account)
+
+
 @app.transaction(event=Audit, keys=lambda e: {AuditLog: ["audit"], Account: [e.source]})
 def audit(ctx: Context, e: Audit) -> None:
     if e.amount % 7 == 0:
@@ -142,6 +227,10 @@ operations = st.one_of(
     st.builds(Transfer, keys, keys, st.integers(1, 80)),
     st.builds(Close, keys),
     st.builds(Sneaky, keys),
+    st.builds(FeeTransfer, keys, keys, st.integers(1, 40), st.integers(0, 10)),
+    st.builds(Scale, keys, st.integers(0, 20)),
+    st.builds(Share, keys),
+    st.builds(Alias, keys, st.integers(0, 2)),
 )
 # a batch per epoch; b"\xc1" is never valid msgpack: a dead letter among the valid records
 batches = st.lists(

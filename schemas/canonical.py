@@ -1,0 +1,151 @@
+"""Canonical values: the one encoding of a value that every executor stores, sends and hashes.
+
+Actor state, emitted events and logged events are kept as *canonical msgpack bytes*: encoded
+once, validated by decoding them against their schema, and re-encoded from the decoded value
+where decoding may coerce (an ``int`` in a ``float`` field becomes ``3.0``). Encoding follows the
+value's own order (dict insertion order, a set's iteration order), which is deterministic because
+every executor computes the value the same way under ``PYTHONHASHSEED=0`` (msgspec's sorted
+encoding would refuse dicts with int keys). Every participant of a transaction decodes the same
+bytes, so every handler sees equal values of equal types wherever it runs, and nothing a handler
+holds is shared with the store (DESIGN §2.3).
+
+Nesting is bounded by :data:`MAX_NESTING`: msgspec recurses on the C stack and fails with
+RecursionError at a depth that depends on the caller's own stack, which would differ between a
+sequencer that accepted a value and a worker that decodes it. A schema whose depth is bounded
+statically (no ``Any``, no recursive Struct) is never walked at run time.
+
+    >>> data, value = canonical(Account(balance=5), Account)
+    >>> decode_canonical(data, Account) == value
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, TypeVar
+
+import msgspec
+import msgspec.inspect as mi
+
+from epochal.errors import SchemaError
+
+__all__ = ["MAX_NESTING", "canonical", "decode_canonical", "encode_canonical", "nesting_exceeds"]
+
+T = TypeVar("T")
+
+MAX_NESTING = 100
+"""Deepest nesting of containers accepted in an event or a state value (the value itself is 1)."""
+
+_encoder = msgspec.msgpack.Encoder()
+_decode_with: dict[Any, Any] = {}  # record type -> its msgpack decoder's bound decode method
+
+# decoding one of these never changes the value's msgpack form
+_EXACT = (
+    mi.IntType, mi.StrType, mi.BoolType, mi.BytesType, mi.NoneType, mi.LiteralType, mi.AnyType,
+)  # fmt: skip
+_CONTAINERS = (list, tuple, set, frozenset, dict)
+_NESTING = (msgspec.Struct, *_CONTAINERS)
+
+
+def _decoder(record_type: Any) -> Any:
+    decode = _decode_with.get(record_type)
+    if decode is None:
+        decode = _decode_with[record_type] = msgspec.msgpack.Decoder(record_type).decode
+    return decode
+
+
+def encode_canonical(value: object) -> bytes:
+    """The msgpack of a value that is already canonical (decoded from canonical bytes)."""
+    return _encoder.encode(value)
+
+
+def decode_canonical(data: bytes, record_type: type[T]) -> T:
+    """A fresh value from canonical bytes (which were validated when they were made)."""
+    decode = _decode_with.get(record_type) or _decoder(record_type)
+    value: T = decode(data)
+    return value
+
+
+@functools.cache
+def _shape(record_type: Any) -> tuple[int | None, bool]:  # types are hashable
+    """(static nesting depth or None if unbounded, whether decoding may change the bytes)."""
+    return _walk_type(mi.type_info(record_type), frozenset())
+
+
+def _walk_type(info: mi.Type, seen: frozenset[int]) -> tuple[int | None, bool]:
+    if isinstance(info, mi.AnyType):
+        return None, False
+    if isinstance(info, _EXACT):
+        return 0, False
+    children: list[mi.Type] = []
+    exact = True
+    if isinstance(info, mi.StructType | mi.DataclassType | mi.TypedDictType | mi.NamedTupleType):
+        if id(info) in seen:
+            return None, True  # a recursive type: unbounded
+        seen = seen | {id(info)}
+        children = [f.type for f in info.fields]
+    elif isinstance(info, mi.ListType | mi.VarTupleType | mi.SetType | mi.FrozenSetType):
+        children = [info.item_type]
+    elif isinstance(info, mi.TupleType):
+        children = list(info.item_types)
+    elif isinstance(info, mi.DictType):
+        children = [info.key_type, info.value_type]
+    elif isinstance(info, mi.UnionType):
+        depths = [_walk_type(t, seen) for t in info.types]
+        bounded = [d for d, _ in depths]
+        depth = None if None in bounded else max(d for d in bounded if d is not None)
+        return depth, any(changes for _, changes in depths)
+    else:  # float, datetime, decimal, enum, ...: decoding may coerce; re-encode to be sure
+        return 0, True
+    depth = 0
+    for child in children:
+        child_depth, changes = _walk_type(child, seen)
+        exact = exact and not changes
+        depth = None if depth is None or child_depth is None else max(depth, child_depth)
+    return (None if depth is None else depth + 1), not exact
+
+
+def nesting_exceeds(value: object, limit: int = MAX_NESTING) -> bool:
+    """True if ``value`` nests containers deeper than ``limit`` (iterative: no recursion)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, msgspec.Struct):
+            children: Any = (getattr(item, f) for f in item.__struct_fields__)
+        elif isinstance(item, dict):
+            children = (*item.keys(), *item.values())
+        elif isinstance(item, _CONTAINERS):
+            children = item
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            children = (getattr(item, f.name) for f in dataclasses.fields(item))
+        else:
+            continue
+        for child in children:
+            if isinstance(child, _NESTING) or dataclasses.is_dataclass(child):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def canonical(value: object, record_type: type[T]) -> tuple[bytes, T]:
+    """The canonical bytes of ``value`` as a ``record_type``, and the value decoded from them.
+
+    Raises SchemaError saying what is wrong (with msgspec's path, e.g. ``$.balance``): a value
+    that does not encode, does not match the schema, or nests deeper than :data:`MAX_NESTING`.
+    """
+    depth, changes = _shape(record_type)  # type: ignore[arg-type]
+    if (depth is None or depth > MAX_NESTING) and nesting_exceeds(value):
+        raise SchemaError(f"nested deeper than {MAX_NESTING} levels")
+    try:
+        data = _encoder.encode(value)
+    except (TypeError, ValueError, OverflowError) as exc:  # unencodable, int > 64 bits
+        raise SchemaError(f"does not encode: {exc}") from exc
+    try:
+        decoded: T = (_decode_with.get(record_type) or _decoder(record_type))(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise SchemaError(str(exc)) from exc
+    if changes:
+        data = _encoder.encode(decoded)
+    return data, decoded

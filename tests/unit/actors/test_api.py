@@ -1,0 +1,183 @@
+"""Registering an app refuses what would fail at every record; routing a record gives the
+canonical event and checked keys; the code hash covers the app's own modules and libraries."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from epochal.actors.api import App
+from epochal.actors.context import Context
+from epochal.errors import ConfigError, SchemaError
+from epochal.schemas.canonical import decode_canonical
+
+
+class Untagged(msgspec.Struct):
+    key: str
+
+
+class AlsoUntagged(msgspec.Struct):
+    key: str
+    amount: int
+
+
+class Tagged(msgspec.Struct, tag=True):
+    key: str
+
+
+class AlsoTagged(msgspec.Struct, tag=True):
+    key: str
+    amount: float = 0.0
+
+
+def _noop(ctx: Context, e: Any) -> None:
+    pass
+
+
+class Item(msgspec.Struct):
+    n: int = 0
+
+
+class Slot(msgspec.Struct):
+    n: int = 0
+
+
+class Plain:
+    """Not something msgspec decodes."""
+
+
+def _app() -> App:
+    app = App("api")
+    app.actor(key=str)(Item)
+    app.actor(key=int)(Slot)
+    return app
+
+
+def test_two_event_types_msgspec_cannot_tell_apart_are_refused_at_registration() -> None:
+    app = _app()
+    app.transaction(topic="things", event=Untagged, keys=lambda e: {})(_noop)
+    with pytest.raises(ConfigError) as refused:
+        app.transaction(topic="things", event=AlsoUntagged, keys=lambda e: {}, name="also")(_noop)
+    assert "Untagged, AlsoUntagged" in str(refused.value)
+    assert "topic 'things'" in str(refused.value) and "tag=True" in str(refused.value)
+    app.transaction(topic="tagged", event=Tagged, keys=lambda e: {}, name="t1")(_noop)
+    app.transaction(topic="tagged", event=AlsoTagged, keys=lambda e: {}, name="t2")(_noop)
+
+
+def test_an_event_type_msgspec_cannot_decode_is_refused_at_registration() -> None:
+    with pytest.raises(ConfigError, match="cannot decode the event type of odd"):
+        _app().transaction(event=Plain, keys=lambda e: {}, name="odd")(_noop)
+
+
+def _route(keys: Any, value: bytes = b'{"type": "Tagged", "key": "a"}') -> Any:
+    app = _app()
+    app.transaction(topic="t", event=Tagged, keys=keys, name="h")(_noop)
+    app.transaction(topic="t", event=AlsoTagged, keys=lambda e: {}, name="h2")(_noop)
+    return app.route("api.in.t", value)
+
+
+def test_routing_logs_the_canonical_event() -> None:
+    routed = _route(lambda e: {Item: [e.key]}, b'{"type": "AlsoTagged", "key": "a", "amount": 3}')
+    assert decode_canonical(routed.event, AlsoTagged) == AlsoTagged("a", 3.0)
+    assert routed.event == msgspec.msgpack.encode(AlsoTagged("a", 3.0))  # 3 stored as 3.0
+
+
+def _recurse(e: Any) -> Any:
+    return _recurse(e)
+
+
+@pytest.mark.parametrize(
+    ("keys", "reason"),
+    [
+        (_recurse, "key function failed: RecursionError"),
+        (lambda e: {Slot: [2**70]}, "cannot be logged"),
+        (lambda e: {Item: ["\ud800"]}, "cannot be logged"),
+        (lambda e: {Item: [1]}, "is not a str"),
+        (lambda e: {Slot: [True]}, "is not a int"),
+        (lambda e: 1 / 0, "key function failed: ZeroDivisionError"),
+    ],
+)
+def test_a_key_function_that_fails_or_gives_bad_keys_makes_a_dead_letter(
+    keys: Any, reason: str
+) -> None:
+    with pytest.raises(SchemaError, match=reason):
+        _route(keys)
+
+
+def test_an_exception_whose_str_fails_still_gives_a_reason() -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError
+
+    def keys(e: Any) -> Any:
+        raise Unprintable
+
+    with pytest.raises(SchemaError, match="key function failed: Unprintable: <unprintable"):
+        _route(keys)
+
+
+@pytest.fixture
+def app_package(tmp_path: Path) -> Iterator[Path]:
+    """A throw-away app package: ``pkg.app`` defines the app, ``pkg.fees`` a helper it imports."""
+    package = tmp_path / "hashpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "fees.py").write_text("FEE = 1\n")
+    (package / "app.py").write_text(
+        textwrap.dedent("""
+        import msgspec
+        from epochal import App, Context
+
+        app = App("hashed")
+
+        @app.actor(key=str)
+        class Account(msgspec.Struct):
+            balance: int = 0
+
+        class Pay(msgspec.Struct):
+            key: str
+
+        @app.transaction(topic="pay", event=Pay, keys=lambda e: {Account: [e.key]})
+        def pay(ctx: Context, e: Pay) -> None:
+            from .fees import FEE  # imported lazily: still the app's code
+
+            account = ctx.get(Account, e.key)
+            account.balance -= FEE
+            ctx.put(e.key, account)
+    """)
+    )
+    sys.path.insert(0, str(tmp_path))
+    yield package
+    sys.path.remove(str(tmp_path))
+    for name in [m for m in sys.modules if m == "hashpkg" or m.startswith("hashpkg.")]:
+        del sys.modules[name]
+
+
+def _hash() -> str:
+    for name in [m for m in sys.modules if m == "hashpkg" or m.startswith("hashpkg.")]:
+        del sys.modules[name]
+    module = importlib.import_module("hashpkg.app")
+    return str(module.app.code_hash())
+
+
+def test_the_code_hash_covers_modules_the_handlers_import_and_library_versions(
+    app_package: Path,
+) -> None:
+    from epochal.actors.code_hash import app_modules
+
+    before = _hash()
+    assert _hash() == before  # stable
+    module = importlib.import_module("hashpkg.app")
+    sources, libraries = app_modules([module.pay])
+    assert {"hashpkg.app", "hashpkg.fees"} <= set(sources)
+    assert any(lib.startswith("msgspec==") for lib in libraries)
+    assert not any(name.startswith("epochal") for name in sources)
+    (app_package / "fees.py").write_text("FEE = 2\n")  # only the helper changes
+    assert _hash() != before
