@@ -2,22 +2,32 @@
 
 librdkafka logs through a Python logger here (it is noisy on stderr otherwise). An AdminClient is
 kept referenced until its futures resolve: dropping it early can leave the futures hanging.
+
+A consumer that must never skip a record runs with ``auto.offset.reset=error``: a position the
+log no longer holds (deleted by retention or ``delete_records``) becomes a
+:class:`LogTruncatedError` naming topic, partition and the missing offsets, never a silent jump.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, no __all__
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 from confluent_kafka.cimpl import NewTopic
 
 from epochal.config import KafkaConfig
-from epochal.errors import BrokerUnavailableError, LogError
+from epochal.errors import BrokerUnavailableError, EpochalError, LogError, LogTruncatedError
 
-__all__ = ["KafkaClients", "translate_kafka_error"]
+__all__ = ["FOREVER", "KafkaClients", "translate_kafka_error", "truncated_error"]
 
 logger = logging.getLogger(__name__)
 _librdkafka_logger = logging.getLogger("epochal.librdkafka")
@@ -28,6 +38,9 @@ _UNAVAILABLE = {
     KafkaError._TIMED_OUT,
     KafkaError._RESOLVE,
 }
+_OUT_OF_RANGE = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
+
+FOREVER = -1  # retention.ms / retention.bytes: never delete
 
 
 def translate_kafka_error(exc: KafkaException, what: str, **context: Any) -> LogError:
@@ -66,31 +79,58 @@ class KafkaClients:
 
     def end_offset(self, topic: str, partition: int = 0, timeout_s: float = 10.0) -> int:
         """The offset the next record of a partition will get (its high watermark)."""
+        return self.watermarks(topic, partition, timeout_s)[1]
+
+    def watermarks(
+        self, topic: str, partition: int = 0, timeout_s: float = 10.0
+    ) -> tuple[int, int]:
+        """``(low, high)``: the first offset a partition still holds, and the next one it gives."""
         consumer = self.consumer()
         try:
-            _, high = consumer.get_watermark_offsets(
+            low, high = consumer.get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=timeout_s
             )
         except KafkaException as exc:
             raise translate_kafka_error(
-                exc, "cannot read end offset", topic=topic, partition=partition
+                exc, "cannot read watermarks", topic=topic, partition=partition
             ) from exc
         finally:
             consumer.close()
-        return int(high)
+        return int(low), int(high)
+
+    def consume_error(self, message: Message, what: str) -> EpochalError:
+        """Our error for a consumer's error event: a position out of range is a truncated log
+        (LogTruncatedError), anything else a LogError."""
+        error = message.error()
+        assert error is not None, "consume_error of a record without an error"
+        topic, partition = message.topic() or "", message.partition() or 0
+        if error.code() in _OUT_OF_RANGE and topic:
+            low, high = self.watermarks(topic, partition)
+            offset = message.offset() or 0
+            return truncated_error(what, topic, partition, position=offset, low=low, high=high)
+        return translate_kafka_error(KafkaException(error), what, topic=topic or None,
+                                     partition=partition if topic else None)  # fmt: skip
 
     def admin(self, **settings: Any) -> AdminClient:
         return AdminClient(self.config.client_settings(**settings), logger=_librdkafka_logger)
 
     def create_topics(
-        self, names: Iterable[str], partitions: int = 1, timeout_s: float = 30.0
+        self,
+        names: Iterable[str],
+        partitions: int = 1,
+        timeout_s: float = 30.0,
+        config: Mapping[str, str] | None = None,
     ) -> None:
-        """Create topics and wait for them; a topic that already exists is fine."""
+        """Create topics (with topic ``config``) and wait for them; one that exists is fine."""
         admin = self.admin()
         futures = admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1) for name in names],
+            [
+                NewTopic(name, num_partitions=partitions, replication_factor=1,
+                         config=dict(config or {}))
+                for name in names
+            ],
             operation_timeout=timeout_s,
-        )
+        )  # fmt: skip
         for name, future in futures.items():
             try:
                 future.result(timeout=timeout_s)
@@ -98,6 +138,55 @@ class KafkaClients:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise translate_kafka_error(exc, "cannot create topic", topic=name) from exc
         del admin  # only now: the futures have resolved
+
+    def ensure_retention(
+        self,
+        names: Iterable[str],
+        retention_ms: int,
+        retention_bytes: int = FOREVER,
+        timeout_s: float = 30.0,
+    ) -> list[str]:
+        """Raise ``retention.ms``/``retention.bytes`` of topics that keep less (-1: forever).
+
+        Never lowers a retention. Returns the topics it changed, each with a warning logged.
+        """
+        wanted = {"retention.ms": retention_ms, "retention.bytes": retention_bytes}
+        admin = self.admin()
+        described = admin.describe_configs(
+            [ConfigResource(ResourceType.TOPIC, name) for name in names],
+            request_timeout=timeout_s,
+        )
+        raises: dict[str, list[ConfigEntry]] = {}
+        for resource, future in described.items():
+            entries = self._result(future, timeout_s, "cannot read topic config", resource.name)
+            for setting, value in wanted.items():
+                current = int(entries[setting].value)
+                if _keeps_less(current, value):
+                    logger.warning(
+                        "raising %s of topic %s from %d to %d: epochal needs these records "
+                        "for recovery", setting, resource.name, current, value,
+                    )  # fmt: skip
+                    raises.setdefault(resource.name, []).append(
+                        ConfigEntry(setting, str(value),
+                                    incremental_operation=AlterConfigOpType.SET)
+                    )  # fmt: skip
+        if raises:
+            altered = admin.incremental_alter_configs(
+                [ConfigResource(ResourceType.TOPIC, n, incremental_configs=e)
+                 for n, e in raises.items()],
+                request_timeout=timeout_s,
+            )  # fmt: skip
+            for resource, future in altered.items():
+                self._result(future, timeout_s, "cannot raise topic retention", resource.name)
+        del admin  # only now: the futures have resolved
+        return sorted(raises)
+
+    @staticmethod
+    def _result(future: Any, timeout_s: float, what: str, topic: str) -> Any:
+        try:
+            return future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            raise translate_kafka_error(exc, what, topic=topic) from exc
 
     def wait_until_ready(self, timeout_s: float) -> None:
         """Block until the cluster answers a metadata request, or raise BrokerUnavailableError."""
@@ -108,3 +197,26 @@ class KafkaClients:
             raise translate_kafka_error(
                 exc, "no metadata answer", bootstrap=self.config.bootstrap_servers
             ) from exc
+
+
+def _keeps_less(current: int, wanted: int) -> bool:
+    """True if a retention of ``current`` deletes records that one of ``wanted`` keeps."""
+    if current == FOREVER:
+        return False
+    return wanted == FOREVER or current < wanted
+
+
+def truncated_error(
+    what: str, topic: str, partition: int, *, position: int, low: int, high: int
+) -> LogTruncatedError:
+    """The error for a position a partition holding ``[low, high)`` no longer serves."""
+    if position > high:  # the partition is shorter than the position: deleted and created again?
+        return LogTruncatedError(
+            f"{what}: the partition ends at {high}, before the position {position}",
+            topic=topic, partition=partition, missing=f"{high}..{position - 1}",
+        )  # fmt: skip
+    missing = f"{position}..{low - 1}" if position < low else str(position)
+    return LogTruncatedError(
+        f"{what}: records were deleted before they were read",
+        topic=topic, partition=partition, missing=missing,
+    )  # fmt: skip

@@ -6,18 +6,25 @@ arrived, so a half-written epoch (a sequencer killed mid-transaction) is never a
 ``read_committed`` it is never even seen. The position of an epoch is the offset of its final
 chunk: a consumer that commits ``position + 1`` resumes at the next epoch.
 
+The log is kept forever (until snapshots exist, recovery replays it from offset 0). Readers run
+with ``auto.offset.reset=error``: a start below the log's first offset is a
+:class:`LogTruncatedError`, never a silent jump. :meth:`KafkaCommandLog.last_epoch` reads only the
+tail, backwards from the end in growing windows, so a restart costs the same whatever the log's
+length.
+
 :class:`MemoryCommandLog` is the in-memory twin used by unit tests: same chunking, no Kafka.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import msgspec
 from confluent_kafka import TopicPartition
 
-from epochal.errors import LogError
+from epochal.errors import LogError, LogTruncatedError
 from epochal.log.client import KafkaClients
 from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import EpochRecord
@@ -64,8 +71,13 @@ def chunk_epoch(record: EpochRecord, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> 
 
 @dataclass
 class EpochAssembler:
-    """Reassembles epochs from chunks read in log order."""
+    """Reassembles epochs from chunks read in log order.
 
+    ``from_middle``: reading starts anywhere (a tail window), so chunks before the first chunk 0
+    belong to an epoch that began earlier and are skipped rather than an error.
+    """
+
+    from_middle: bool = False
     _parts: list[bytes] = field(default_factory=list)
     _epoch: int | None = None
 
@@ -73,6 +85,8 @@ class EpochAssembler:
         chunk = decode(value, EpochChunk)
         if chunk.index == 0:
             self._parts, self._epoch = [], chunk.epoch
+        elif self._epoch is None and self.from_middle:
+            return None
         elif chunk.epoch != self._epoch or chunk.index != len(self._parts):
             raise LogError(
                 "command log chunk out of order", epoch=chunk.epoch, index=chunk.index,
@@ -106,23 +120,26 @@ class MemoryCommandLog:
                 yield logged
 
 
+_READER = {"isolation.level": "read_committed", "auto.offset.reset": "error"}
+
+
 class EpochPoller:
-    """Polls the command log from a position; ``poll`` returns the epochs completed meanwhile."""
+    """Polls the command log from a position; ``poll`` returns the epochs completed meanwhile.
+
+    A start the log no longer holds raises LogTruncatedError from ``poll``.
+    """
 
     def __init__(self, clients: KafkaClients, topic: str, start: int) -> None:
         self.topic = topic
-        self._consumer = clients.assigned_consumer(
-            topic, {0: start}, **{"isolation.level": "read_committed"}
-        )
+        self._clients = clients
+        self._consumer = clients.assigned_consumer(topic, {0: start}, **_READER)
         self._assembler = EpochAssembler()
 
     def poll(self, timeout_s: float, max_chunks: int = 500) -> list[LoggedEpoch]:
         out = []
         for message in self._consumer.consume(num_messages=max_chunks, timeout=timeout_s):
             if message.error() is not None:
-                raise LogError(
-                    f"reading the command log failed: {message.error()}", topic=self.topic
-                )
+                raise self._clients.consume_error(message, "reading the command log failed")
             logged = self._assembler.add(message.offset() or 0, message.value() or b"")
             if logged is not None:
                 out.append(logged)
@@ -145,6 +162,58 @@ class KafkaCommandLog:
     def __init__(self, clients: KafkaClients, topic: str) -> None:
         self.clients = clients
         self.topic = topic
+        self.tail_records_read = 0  # by the last ``last_epoch``: what a restart cost
+
+    def last_epoch(self, first_window: int = 16, timeout_s: float = 30.0) -> LoggedEpoch | None:
+        """The last complete epoch, or None if the log never held one.
+
+        Reads backwards from the end in windows growing 4x (an epoch may span many chunks, and
+        every Kafka transaction adds a marker offset) until one holds an epoch from its chunk 0
+        to its final chunk. Raises LogTruncatedError when the records that held it were deleted
+        (the log's first offset is above 0 and no complete epoch is left).
+        """
+        low, high = self.clients.watermarks(self.topic)
+        self.tail_records_read = 0
+        window = first_window
+        while True:
+            start = max(low, high - window)
+            logged = self._last_in(start, high, timeout_s)
+            if logged is not None:
+                return logged
+            if start == low:
+                break
+            window *= 4
+        if low > 0:
+            raise LogTruncatedError(
+                "the command log's epochs were deleted: no epoch to resume from",
+                topic=self.topic, partition=0, missing=f"0..{low - 1}",
+            )  # fmt: skip
+        return None
+
+    def _last_in(self, start: int, end: int, timeout_s: float) -> LoggedEpoch | None:
+        """The last complete epoch among the committed records of ``[start, end)``."""
+        if start >= end:
+            return None
+        consumer = self.clients.assigned_consumer(self.topic, {0: start}, **_READER)
+        assembler, last = EpochAssembler(from_middle=True), None
+        deadline = time.monotonic() + timeout_s
+        try:
+            while consumer.position([TopicPartition(self.topic, 0)])[0].offset < end:
+                if time.monotonic() > deadline:
+                    raise LogError("the command log's tail stopped arriving", topic=self.topic,
+                                   start=start, end=end)  # fmt: skip
+                messages = consumer.consume(num_messages=500, timeout=0.2)
+                if messages:
+                    deadline = time.monotonic() + timeout_s
+                for message in messages:
+                    if message.error() is not None:
+                        raise self.clients.consume_error(message, "reading the command log")
+                    self.tail_records_read += 1
+                    offset = message.offset() or 0
+                    last = assembler.add(offset, message.value() or b"") or last
+        finally:
+            consumer.close()
+        return last
 
     def poller(self, start: int = 0) -> EpochPoller:
         return EpochPoller(self.clients, self.topic, start)

@@ -6,22 +6,29 @@ The order of an epoch (its tie-break rule across input partitions):
 
 1. border transactions, by ``(topic, partition, offset)`` of their records, so every input
    partition keeps its order;
-2. then client transactions, by ``(partition, offset)`` on the requests topic; a request whose
-   idempotency key was already sequenced (in this batch or, as the shell says, before) is dropped.
+2. then client transactions, by ``(partition, offset)`` on the requests topic. An idempotency key
+   is used once: the first request carrying it becomes a transaction (or a dead letter); a later
+   one, in this batch or remembered by the shell's :class:`RequestWindow`, is dropped. Ticks
+   (``handler == ""``) are neither: they only make the epoch exist.
 
-``seq`` is dense from 0. Records that cannot become transactions (undecodable, invalid, an unknown
-event type, no transaction for the topic, a failing key function) go to the dead letters with the
-reason, never into the epoch. Offsets of every record read, dead or not, advance ``next_offsets``.
+``seq`` is dense from 0. No record can make :func:`order` raise: a record that cannot become a
+transaction (undecodable, invalid, an unknown event type, no transaction for the topic, a key
+function that fails, anything the router raises, RecursionError, OverflowError and MemoryError
+included, or keys the command log cannot hold) becomes a dead letter with the reason (a
+SchemaError's message, else ``"<ExcType>: <message>"``) and its coordinates, capped so that it
+always fits in one Kafka message. Every record read, dead or not, advances ``next_offsets``, which
+starts from the positions the shell passes in: each epoch carries the full position vector.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
-from dataclasses import dataclass
+import heapq
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from epochal.errors import SchemaError
-from epochal.schemas.codec import decode
+from epochal.errors import SchemaError, describe_exception
+from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import (
     ClientRequest,
     CommandTxn,
@@ -33,7 +40,20 @@ from epochal.schemas.commands import (
     Origin,
 )
 
-__all__ = ["EpochStamp", "Routed", "Router", "SequencedEpoch", "order"]
+__all__ = [
+    "DEFAULT_DEAD_LETTER_BYTES",
+    "EpochStamp",
+    "RequestWindow",
+    "Routed",
+    "Router",
+    "SequencedEpoch",
+    "dead_letter",
+    "order",
+    "position_key",
+]
+
+DEFAULT_DEAD_LETTER_BYTES = 64 * 1024  # far below Kafka's default max.message.bytes (1 MB)
+_HEADERS = 16  # msgpack headers of the three capped fields, at most 5 bytes each
 
 
 @dataclass(frozen=True)
@@ -65,16 +85,20 @@ class Router(Protocol):
 
 @dataclass(frozen=True)
 class SequencedEpoch:
-    """The epoch to log, and what goes to the dead-letter topic in the same Kafka transaction."""
+    """The epoch to log and the dead letters to write in the same Kafka transaction.
+
+    ``requests_seen`` maps each client request id read in this batch (ticks excepted) to the
+    latest Kafka timestamp of a record carrying it, for the shell's :class:`RequestWindow`.
+    """
 
     record: EpochRecord
     dead: tuple[DeadLetter, ...]
+    requests_seen: Mapping[str, int] = field(default_factory=dict)
 
 
-def _dead(record: InputRecord, reason: str) -> DeadLetter:
-    return DeadLetter(
-        reason, record.topic, record.partition, record.offset, record.value, record.key
-    )
+def position_key(topic: str, partition: int) -> str:
+    """The key of a partition in ``EpochRecord.next_offsets``: ``"topic:partition"``."""
+    return f"{topic}:{partition}"
 
 
 def order(
@@ -82,48 +106,169 @@ def order(
     stamp: EpochStamp,
     inputs: Sequence[InputRecord],
     requests: Sequence[InputRecord] = (),
+    *,
     sequenced_requests: Container[str] = frozenset(),
+    positions: Mapping[str, int] | None = None,
+    dead_letter_bytes: int = DEFAULT_DEAD_LETTER_BYTES,
 ) -> SequencedEpoch:
-    """Order one batch into epoch ``stamp.epoch``; see the module docstring for the rule."""
-    txns: list[CommandTxn] = []
-    dead: list[DeadLetter] = []
-    next_offsets: dict[str, int] = {}
+    """Order one batch into epoch ``stamp.epoch``; see the module docstring for the rule.
+
+    ``positions`` is the position vector before this batch (the last epoch's ``next_offsets``);
+    ``sequenced_requests`` the request ids already used; ``dead_letter_bytes`` caps each encoded
+    dead letter.
+    """
+    batch = _Batch(router, dead_letter_bytes, dict(positions or {}))
     for record in sorted(inputs, key=lambda r: (r.topic, r.partition, r.offset)):
-        _advance(next_offsets, record)
-        try:
-            routed = router.route(record.topic, record.value)
-        except SchemaError as exc:
-            dead.append(_dead(record, str(exc)))
-            continue
-        source = InputPosition(record.topic, record.partition, record.offset)
-        txns.append(
-            CommandTxn(len(txns), routed.handler, routed.event, routed.keys, Origin.BORDER, source)
-        )
-    seen: set[str] = set()
+        batch.border(record)
     for record in sorted(requests, key=lambda r: (r.partition, r.offset)):
-        _advance(next_offsets, record)
+        batch.client(record, sequenced_requests)
+    epoch_record = EpochRecord(
+        stamp.epoch, stamp.now_ms, stamp.seed, stamp.code_hash, tuple(batch.txns),
+        batch.next_offsets,
+    )  # fmt: skip
+    return SequencedEpoch(epoch_record, tuple(batch.dead), batch.seen)
+
+
+@dataclass
+class _Batch:
+    """The epoch being built: transactions, dead letters, positions, request ids seen."""
+
+    router: Router
+    dead_letter_bytes: int
+    next_offsets: dict[str, int]
+    txns: list[CommandTxn] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+    seen: dict[str, int] = field(default_factory=dict)
+
+    def border(self, record: InputRecord) -> None:
+        self._advance(record)
+        try:
+            routed = _loggable(self.router.route(record.topic, record.value))
+        except Exception as exc:  # whatever the router raises, this record is a dead letter
+            self._dead(record, exc)
+            return
+        self._append(routed, record, Origin.BORDER)
+
+    def client(self, record: InputRecord, remembered: Container[str]) -> None:
+        self._advance(record)
         try:
             request = decode(record.value, ClientRequest)
-            if request.request_id in seen or request.request_id in sequenced_requests:
-                continue  # a retried request: it was sequenced once already
-            routed = router.route_request(request.handler, request.event)
-        except SchemaError as exc:
-            dead.append(_dead(record, str(exc)))
-            continue
-        seen.add(request.request_id)
+        except Exception as exc:  # a RecursionError, too, from skipping a deep unknown field
+            self._dead(record, exc)
+            return
+        if request.is_tick:
+            return
+        request_id = request.request_id
+        retry = request_id in self.seen or request_id in remembered
+        self.seen[request_id] = max(self.seen.get(request_id, -1), record.timestamp_ms)
+        if retry:
+            return  # its idempotency key was used already: sequenced (or dead) once
+        try:
+            routed = _loggable(self.router.route_request(request.handler, request.event))
+        except Exception as exc:
+            self._dead(record, exc)
+            return
+        self._append(routed, record, Origin.CLIENT, request_id)
+
+    def _append(
+        self, routed: Routed, record: InputRecord, origin: Origin, request_id: str = ""
+    ) -> None:
         source = InputPosition(record.topic, record.partition, record.offset)
-        txns.append(
-            CommandTxn(
-                len(txns), routed.handler, routed.event, routed.keys,
-                Origin.CLIENT, source, request.request_id,
-            )
+        self.txns.append(
+            CommandTxn(len(self.txns), routed.handler, routed.event, routed.keys, origin, source,
+                       request_id)
         )  # fmt: skip
-    epoch_record = EpochRecord(
-        stamp.epoch, stamp.now_ms, stamp.seed, stamp.code_hash, tuple(txns), next_offsets
-    )
-    return SequencedEpoch(epoch_record, tuple(dead))
+
+    def _dead(self, record: InputRecord, exc: Exception) -> None:
+        self.dead.append(dead_letter(record, _reason(exc), self.dead_letter_bytes))
+
+    def _advance(self, record: InputRecord) -> None:
+        position = position_key(record.topic, record.partition)
+        self.next_offsets[position] = max(self.next_offsets.get(position, 0), record.offset + 1)
 
 
-def _advance(next_offsets: dict[str, int], record: InputRecord) -> None:
-    position = f"{record.topic}:{record.partition}"
-    next_offsets[position] = max(next_offsets.get(position, 0), record.offset + 1)
+def _loggable(routed: Routed) -> Routed:
+    """``routed`` if the command log can hold its keys (a key function may compute an int wider
+    than 64 bits, or a str msgpack refuses); the event is already bytes, encoded by the router."""
+    try:
+        encode(routed.keys)
+    except Exception as exc:
+        raise SchemaError(
+            f"declared keys cannot be logged: {_reason(exc)}", handler=routed.handler
+        ) from exc
+    return routed
+
+
+def _reason(exc: BaseException) -> str:
+    """A SchemaError's message with its context, else ``"<ExcType>: <message>"``."""
+    return str(exc) if isinstance(exc, SchemaError) else describe_exception(exc)
+
+
+def dead_letter(
+    record: InputRecord, reason: str, max_bytes: int = DEFAULT_DEAD_LETTER_BYTES
+) -> DeadLetter:
+    """The dead letter of ``record``, encoded in at most ``max_bytes`` (unless its coordinates
+    alone are longer): the reason gets up to a quarter of the room, the key up to a quarter, the
+    value the rest; a cut value or key sets ``truncated``."""
+    key = record.key
+    bare = DeadLetter("", record.topic, record.partition, record.offset, b"",
+                      None if key is None else b"", True, len(record.value))  # fmt: skip
+    room = max(0, max_bytes - len(encode(bare)) - _HEADERS)
+    text = _clip(reason, room // 4)
+    if key is not None:
+        key = key[: room // 4]
+    value = record.value[: max(0, room - len(text.encode()) - len(key or b""))]
+    truncated = len(value) < len(record.value) or (key is not None and key != record.key)
+    return DeadLetter(text, record.topic, record.partition, record.offset, value, key,
+                      truncated, len(record.value))  # fmt: skip
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` as valid UTF-8 in at most ``limit`` bytes, ending in ``...`` when cut."""
+    data = text.encode("utf-8", "backslashreplace")  # lone surrogates cannot go to msgpack
+    if len(data) <= limit:
+        return data.decode()
+    return data[: max(0, limit - 3)].decode("utf-8", "ignore") + "..."[:limit]
+
+
+class RequestWindow:
+    """The client request ids used in the last ``window_ms`` of epoch time: a retry within the
+    window is dropped, so a request is sequenced once.
+
+    An id is remembered from the Kafka timestamp of the latest request record that carried it
+    (clamped to the epoch's ``now``, so a producer's clock ahead of ours does not stretch the
+    window; each retry extends it) until ``window_ms`` later in epoch time, when
+    :meth:`prune` forgets it. Memory is one window's ids, whatever the uptime. A restarted
+    sequencer rebuilds the same set from the records of the requests topic.
+
+    >>> window = RequestWindow(600_000)
+    >>> window.remember({"req-1": 5_000}, now_ms=6_000); "req-1" in window
+    True
+    """
+
+    def __init__(self, window_ms: int) -> None:
+        self.window_ms = window_ms
+        self._at: dict[str, int] = {}
+        self._heap: list[tuple[int, str]] = []
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._at
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def remember(self, seen: Mapping[str, int], now_ms: int) -> None:
+        """Remember ids read at Kafka timestamps ``seen`` (-1: none) by an epoch at ``now_ms``."""
+        for request_id, timestamp_ms in seen.items():
+            at = now_ms if timestamp_ms < 0 else min(timestamp_ms, now_ms)
+            if at > self._at.get(request_id, -1):
+                self._at[request_id] = at
+                heapq.heappush(self._heap, (at, request_id))
+
+    def prune(self, now_ms: int) -> None:
+        """Forget the ids last seen more than ``window_ms`` before ``now_ms``."""
+        horizon = now_ms - self.window_ms
+        while self._heap and self._heap[0][0] < horizon:
+            at, request_id = heapq.heappop(self._heap)
+            if self._at.get(request_id) == at:
+                del self._at[request_id]

@@ -2,12 +2,27 @@
 
 One loop: consume input and request records until the epoch closes (``epoch_ms`` or
 ``max_records``), order them, and in **one Kafka transaction** append the epoch to the command
-log, the dead letters to ``<app>.dlq`` and the consumed offsets to the sequencer's group. A
-crash anywhere leaves either the whole epoch or nothing; a restarted sequencer resumes from the
-committed offsets, and its stable transactional id fences a zombie (DESIGN §2.4).
+log, the dead letters to ``<app>.dlq`` and the consumed offsets to the sequencer's group. A crash
+anywhere leaves either the whole epoch or nothing. An epoch is logged only when something was
+consumed (an input record or a request, valid or dead, or a worker's tick): an idle app's log
+does not grow.
 
-On start it reads the command log once: the next epoch number, ``now`` (kept monotonic) and the
-idempotency keys of client requests already sequenced come from there.
+Start, in this order (DESIGN §2.9):
+
+1. ``init_transactions`` under the stable transactional id fences an older sequencer and aborts
+   its open transaction, so the tail read next is final;
+2. the command log's **tail** (its last epoch, :meth:`KafkaCommandLog.last_epoch`) gives the next
+   epoch number, ``now`` (kept monotonic) and the full position vector of the input and requests
+   partitions. The command log, not the consumer group, is the source of truth: group offsets
+   are committed with each epoch for monitoring tools but never read (Kafka expires them). A
+   partition absent from the vector starts at its beginning; a logged position whose records
+   were deleted is a LogTruncatedError (so is one deleted while running: the consumer runs with
+   ``auto.offset.reset=error``);
+3. the client request ids of the last ``request_id_window_ms`` are rebuilt from the requests
+   topic, from ``offsets_for_times(now - window)`` up to the logged positions.
+
+Only records make dead letters: anything else that fails (Kafka down, fenced, a truncated log)
+raises our error and ends the process; recovery takes over.
 """
 
 from __future__ import annotations
@@ -15,13 +30,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
-    OFFSET_INVALID,
+    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
+    KafkaException,
     Message,
     Producer,
     TopicPartition,
@@ -29,24 +45,45 @@ from confluent_kafka import (
 
 from epochal.config import SequencerConfig
 from epochal.errors import LogError
-from epochal.log.client import KafkaClients
+from epochal.log.client import FOREVER, KafkaClients, translate_kafka_error, truncated_error
 from epochal.log.command_log import KafkaCommandLog, chunk_epoch
-from epochal.log.ordering import EpochStamp, Router, SequencedEpoch, order
+from epochal.log.ordering import (
+    EpochStamp,
+    RequestWindow,
+    Router,
+    SequencedEpoch,
+    order,
+    position_key,
+)
 from epochal.log.topics import TopicNames
 from epochal.metrics import Metrics, serve_metrics
-from epochal.schemas.codec import encode
-from epochal.schemas.commands import InputRecord, Origin
+from epochal.schemas.codec import decode, encode
+from epochal.schemas.commands import ClientRequest, InputRecord
 
 __all__ = ["Sequencer"]
 
 logger = logging.getLogger(__name__)
 
+_KAFKA_TIMEOUT_S = 30.0
+_FOREVER = {"retention.ms": str(FOREVER), "retention.bytes": str(FOREVER)}
+
 
 @dataclass
-class _Resume:
-    epoch: int = 0
-    now_ms: int = 0
-    request_ids: set[str] = field(default_factory=set)
+class _State:
+    """Where the sequencer stands: the next epoch, the log's clock, positions, request ids."""
+
+    epoch: int
+    now_ms: int
+    positions: dict[str, int]
+    window: RequestWindow
+
+    def advance(self, sequenced: SequencedEpoch) -> None:
+        """The epoch was committed: move past it, remember its request ids, forget old ones."""
+        record = sequenced.record
+        self.epoch, self.now_ms = record.epoch + 1, record.now_ms
+        self.positions = dict(record.next_offsets)
+        self.window.remember(sequenced.requests_seen, record.now_ms)
+        self.window.prune(record.now_ms)
 
 
 class Sequencer:
@@ -75,65 +112,134 @@ class Sequencer:
         self.metrics.describe("epochal_dead_letters_total", "counter", "records sent to the DLQ")
         self.metrics.describe("epochal_input_lag", "gauge", "input records not yet sequenced")
         self.metrics.describe("epochal_epoch_commit_seconds_sum", "counter", "Kafka commit time")
+        self.metrics.describe("epochal_request_ids", "gauge", "client request ids remembered")
+        self.metrics.describe(
+            "epochal_resume_records", "gauge", "command-log records read on start"
+        )
+
+    @property
+    def streams(self) -> list[str]:
+        """The topics the sequencer reads: the inputs and the requests topic."""
+        return [*self.inputs, self.names.requests]
 
     def ensure_topics(self, input_partitions: int = 1) -> None:
-        """Create the app's topics if missing (input, requests, command log, dead letters)."""
-        self.clients.create_topics([*self.inputs, self.names.requests], partitions=input_partitions)
-        self.clients.create_topics([self.names.command_log, self.names.dead_letters], partitions=1)
+        """Create the app's topics if missing, and make sure they keep what recovery needs.
+
+        The command log is kept forever (replay starts at offset 0 until snapshots exist); the
+        input and requests topics for ``input_retention_ms`` (default forever). An existing topic
+        that keeps less gets its retention raised, with a warning; none is ever lowered.
+        """
+        retention = self.config.input_retention_ms
+        stream_config = {"retention.ms": str(retention), "retention.bytes": str(FOREVER)}
+        self.clients.create_topics(self.streams, partitions=input_partitions, config=stream_config)
+        self.clients.create_topics([self.names.command_log], partitions=1, config=_FOREVER)
+        self.clients.create_topics([self.names.dead_letters], partitions=1)
+        self.clients.ensure_retention(self.streams, retention)
+        self.clients.ensure_retention([self.names.command_log], FOREVER)
 
     def run(self, should_stop: Callable[[], bool]) -> None:
+        """Sequence until ``should_stop()``; Kafka failures raise (LogError and subclasses)."""
         if self.config.metrics_port:
             serve_metrics(self.metrics, self.config.metrics_port)
-        resume = self._resume()
+        producer = self._producer()  # fences an older sequencer: before anything is read
+        state = self._resume()
+        consumer = self._consumer(state.positions)  # checks the inputs still hold the positions
+        try:
+            self._remember_recent_requests(state)
+            logger.info(
+                "sequencer started app=%s next_epoch=%d positions=%d request_ids=%d",
+                self.config.app, state.epoch, len(state.positions), len(state.window),
+            )  # fmt: skip
+            while not should_stop():
+                records = self._collect(consumer)
+                if not records:
+                    continue  # nothing consumed, nothing logged (workers send ticks if need be)
+                sequenced = self._order(state, records)
+                self._log(producer, consumer, sequenced)
+                state.advance(sequenced)
+                self.metrics.set("epochal_request_ids", len(state.window))
+        finally:
+            consumer.close()
+            _flush(producer)
+
+    def _producer(self) -> Producer:
         producer = self.clients.producer(**{
             "transactional.id": f"{self.config.app}.sequencer",
             "transaction.timeout.ms": self.config.transaction_timeout_ms,
             "linger.ms": 0,
         })  # fmt: skip
-        producer.init_transactions(30)  # fences any earlier instance with this id
-        consumer = self._consumer()
-        logger.info("sequencer started app=%s next_epoch=%d", self.config.app, resume.epoch)
-        last_logged = 0.0
         try:
-            while not should_stop():
-                records = self._collect(consumer)
-                idle = time.monotonic() - last_logged < self.config.idle_epoch_ms / 1000
-                if not records and idle:
-                    continue
-                sequenced = self._order(resume, records)
-                self._log(producer, consumer, sequenced)
-                last_logged = time.monotonic()
+            producer.init_transactions(_KAFKA_TIMEOUT_S)
+        except KafkaException as exc:
+            raise translate_kafka_error(exc, "cannot start the sequencer's transactions",
+                                        app=self.config.app) from exc  # fmt: skip
+        return producer
+
+    def _resume(self) -> _State:
+        """The state after the last logged epoch: from the command log's tail, never its start."""
+        log = KafkaCommandLog(self.clients, self.names.command_log)
+        last = log.last_epoch()
+        self.metrics.set("epochal_resume_records", log.tail_records_read)
+        window = RequestWindow(self.config.request_id_window_ms)
+        if last is None:
+            return _State(0, 0, {}, window)
+        record = last.record
+        return _State(record.epoch + 1, record.now_ms, dict(record.next_offsets), window)
+
+    def _remember_recent_requests(self, state: _State) -> None:
+        """Refill the window as it was when the last epoch closed: the request ids of the requests
+        topic's records from ``now - window`` up to the logged positions (the requests topic is
+        small next to the command log, which is never scanned)."""
+        state.window.remember(self._recent_requests(state), state.now_ms)
+        state.window.prune(state.now_ms)
+        self.metrics.set("epochal_request_ids", len(state.window))
+
+    def _recent_requests(self, state: _State) -> dict[str, int]:
+        topic = self.names.requests
+        ends = {int(key.rpartition(":")[2]): offset for key, offset in state.positions.items()
+                if key.rpartition(":")[0] == topic}  # fmt: skip
+        if not ends:
+            return {}
+        since = max(0, state.now_ms - self.config.request_id_window_ms)
+        consumer = self.clients.consumer(**{"isolation.level": "read_committed",
+                                            "auto.offset.reset": "error"})  # fmt: skip
+        try:
+            starts = consumer.offsets_for_times(
+                [TopicPartition(topic, p, since) for p in ends], timeout=_KAFKA_TIMEOUT_S
+            )
+            assignment = [tp for tp in starts if 0 <= tp.offset < ends[tp.partition]]
+            return _read_requests(self.clients, consumer, assignment, ends)
+        except KafkaException as exc:
+            raise translate_kafka_error(exc, "cannot read recent requests", topic=topic) from exc
         finally:
             consumer.close()
-            producer.flush(5)
 
-    def _resume(self) -> _Resume:
-        resume = _Resume()
-        log = KafkaCommandLog(self.clients, self.names.command_log)
-        for logged in log.epochs(to_end=True):
-            resume.epoch = logged.record.epoch + 1
-            resume.now_ms = logged.record.now_ms
-            resume.request_ids.update(
-                t.request_id for t in logged.record.txns if t.origin == Origin.CLIENT
-            )
-        return resume
-
-    def _consumer(self) -> Consumer:
+    def _consumer(self, positions: Mapping[str, int]) -> Consumer:
+        """Assigned (never subscribed) at the logged positions, after checking the log has them."""
         consumer = self.clients.consumer(**{
             "group.id": f"{self.config.app}.sequencer",
             "isolation.level": "read_committed",
+            "auto.offset.reset": "error",
         })  # fmt: skip
-        metadata = consumer.list_topics(timeout=10)
-        partitions = [
-            TopicPartition(topic, p)
-            for topic in [*self.inputs, self.names.requests]
-            for p in sorted(metadata.topics[topic].partitions)
-        ]
-        committed = consumer.committed(partitions, timeout=10)
-        for tp in committed:
-            if tp.offset == OFFSET_INVALID:
-                tp.offset = OFFSET_BEGINNING
-        consumer.assign(committed)
+        try:
+            metadata = consumer.list_topics(timeout=_KAFKA_TIMEOUT_S)
+            assignment = []
+            for topic in self.streams:
+                if topic not in metadata.topics or metadata.topics[topic].error is not None:
+                    raise LogError("an input topic is missing", topic=topic)
+                for p in sorted(metadata.topics[topic].partitions):
+                    offset = positions.get(position_key(topic, p))
+                    if offset is not None:
+                        _check_position(consumer, topic, p, offset)
+                    assignment.append(TopicPartition(topic, p, OFFSET_BEGINNING
+                                                     if offset is None else offset))  # fmt: skip
+            consumer.assign(assignment)
+        except KafkaException as exc:
+            consumer.close()
+            raise translate_kafka_error(exc, "cannot assign the input partitions") from exc
+        except BaseException:
+            consumer.close()
+            raise
         return consumer
 
     def _collect(self, consumer: Consumer) -> list[Message]:
@@ -146,47 +252,137 @@ class Sequencer:
             batch = consumer.consume(self.config.max_records - len(out), timeout=remaining)
             for message in batch:
                 if message.error() is not None:
-                    raise LogError(f"consuming input failed: {message.error()}")
+                    raise self.clients.consume_error(message, "consuming input failed")
             out.extend(batch)
         return out
 
-    def _order(self, resume: _Resume, messages: list[Message]) -> SequencedEpoch:
+    def _order(self, state: _State, messages: list[Message]) -> SequencedEpoch:
         inputs: list[InputRecord] = []
         requests: list[InputRecord] = []
         for m in messages:
             record = InputRecord(m.topic() or "", m.partition() or 0, m.offset() or 0,
-                                 m.value() or b"", m.key())  # fmt: skip
+                                 m.value() or b"", m.key(), _timestamp_ms(m))  # fmt: skip
             (requests if record.topic == self.names.requests else inputs).append(record)
-        resume.now_ms = max(resume.now_ms, int(time.time() * 1000))
+        now_ms = max(state.now_ms, int(time.time() * 1000))
         seed = int.from_bytes(os.urandom(8), "big") >> 1
-        stamp = EpochStamp(resume.epoch, resume.now_ms, seed, self.code_hash)
-        sequenced = order(self.router, stamp, inputs, requests, resume.request_ids)
-        resume.epoch += 1
-        resume.request_ids.update(
-            t.request_id for t in sequenced.record.txns if t.origin == Origin.CLIENT
-        )
-        return sequenced
+        stamp = EpochStamp(state.epoch, now_ms, seed, self.code_hash)
+        return order(
+            self.router, stamp, inputs, requests, sequenced_requests=state.window,
+            positions=state.positions, dead_letter_bytes=self.config.dead_letter_max_bytes,
+        )  # fmt: skip
 
     def _log(self, producer: Producer, consumer: Consumer, sequenced: SequencedEpoch) -> None:
+        """One Kafka transaction: the epoch's chunks, its dead letters, the group's offsets."""
         started = time.monotonic()
-        producer.begin_transaction()
-        for chunk in chunk_epoch(sequenced.record, self.config.chunk_bytes):
-            producer.produce(self.names.command_log, chunk)
-        for dead in sequenced.dead:
-            logger.warning(
-                "dead letter topic=%s partition=%d offset=%d reason=%s",
-                dead.topic, dead.partition, dead.offset, dead.reason,
-            )  # fmt: skip
-            producer.produce(self.names.dead_letters, encode(dead), key=dead.key)
-        positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
-        producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata(), 30)
-        producer.commit_transaction(30)
+        record = sequenced.record
+        positions = self._group_offsets(record.next_offsets)
+        try:
+            producer.begin_transaction()
+            for chunk in chunk_epoch(record, self.config.chunk_bytes):
+                producer.produce(self.names.command_log, chunk)
+            for dead in sequenced.dead:
+                logger.warning(
+                    "dead letter topic=%s partition=%d offset=%d truncated=%s reason=%s",
+                    dead.topic, dead.partition, dead.offset, dead.truncated, dead.reason,
+                )  # fmt: skip
+                producer.produce(self.names.dead_letters, encode(dead), key=dead.key)
+            producer.send_offsets_to_transaction(
+                positions, consumer.consumer_group_metadata(), _KAFKA_TIMEOUT_S
+            )
+            producer.commit_transaction(_KAFKA_TIMEOUT_S)
+        except KafkaException as exc:
+            raise translate_kafka_error(exc, "cannot log the epoch", epoch=record.epoch) from exc
+        except BufferError as exc:
+            raise LogError(f"cannot log the epoch: {exc}", epoch=record.epoch) from exc
         self.metrics.inc("epochal_epochs_total")
-        self.metrics.inc("epochal_sequenced_total", len(sequenced.record.txns))
+        self.metrics.inc("epochal_sequenced_total", len(record.txns))
         self.metrics.inc("epochal_dead_letters_total", len(sequenced.dead))
         self.metrics.inc("epochal_epoch_commit_seconds_sum", time.monotonic() - started)
+        self._measure_lag(consumer, positions)
+
+    def _group_offsets(self, next_offsets: Mapping[str, int]) -> list[TopicPartition]:
+        """The positions to commit to the group: those of the topics read (a topic the app no
+        longer reads keeps its position in the log, where it may be resumed later)."""
+        streams = set(self.streams)
+        partitions = (_partition(key, offset) for key, offset in next_offsets.items())
+        return [tp for tp in partitions if tp.topic in streams]
+
+    def _measure_lag(self, consumer: Consumer, positions: list[TopicPartition]) -> None:
         lag = 0
         for tp in positions:
             _, high = consumer.get_watermark_offsets(tp, cached=True)
             lag += max(0, high - tp.offset)
         self.metrics.set("epochal_input_lag", lag)
+
+
+def _flush(producer: Producer) -> None:
+    """Flush on the way out; a fenced producer raises here too, and the error that ended the loop
+    is the one to report, not this one."""
+    try:
+        producer.flush(5)
+    except KafkaException as exc:
+        logger.info("sequencer producer not flushed on exit: %s", exc)
+
+
+def _partition(key: str, offset: int) -> TopicPartition:
+    topic, _, partition = key.rpartition(":")
+    return TopicPartition(topic, int(partition), offset)
+
+
+def _check_position(consumer: Consumer, topic: str, partition: int, offset: int) -> None:
+    """LogTruncatedError unless the partition still holds the logged ``offset`` onwards."""
+    low, high = consumer.get_watermark_offsets(
+        TopicPartition(topic, partition), timeout=_KAFKA_TIMEOUT_S
+    )
+    if offset < low or offset > high:
+        raise truncated_error(
+            "the sequencer cannot resume", topic, partition, position=offset, low=low, high=high
+        )
+
+
+def _read_requests(
+    clients: KafkaClients,
+    consumer: Consumer,
+    assignment: list[TopicPartition],
+    ends: Mapping[int, int],
+) -> dict[str, int]:
+    """Request id → latest timestamp of the requests read from ``assignment`` below ``ends``."""
+    seen: dict[str, int] = {}
+    if not assignment:
+        return seen
+    consumer.assign(assignment)
+    topic = assignment[0].topic
+    pending = {tp.partition for tp in assignment}
+    deadline = time.monotonic() + _KAFKA_TIMEOUT_S
+    while pending:
+        if time.monotonic() > deadline:
+            raise LogError(
+                "recent requests stopped arriving", topic=topic, partitions=sorted(pending)
+            )
+        messages = consumer.consume(num_messages=1000, timeout=0.2)
+        if messages:
+            deadline = time.monotonic() + _KAFKA_TIMEOUT_S
+        for message in messages:
+            if message.error() is not None:
+                raise clients.consume_error(message, "reading recent requests")
+            partition, offset = message.partition() or 0, message.offset() or 0
+            if offset < ends[partition]:  # beyond: not sequenced yet, the run loop reads it
+                _note_request(seen, message)
+        positions = consumer.position([TopicPartition(topic, p) for p in pending])
+        pending = {tp.partition for tp in positions if tp.offset < ends[tp.partition]}
+    return seen
+
+
+def _note_request(seen: dict[str, int], message: Message) -> None:
+    try:
+        request = decode(message.value() or b"", ClientRequest)
+    except Exception:  # a dead letter already, or never a request: not an id in use
+        return
+    if not request.is_tick:
+        timestamp_ms = _timestamp_ms(message)
+        seen[request.request_id] = max(seen.get(request.request_id, -1), timestamp_ms)
+
+
+def _timestamp_ms(message: Message) -> int:
+    kind, timestamp_ms = message.timestamp()
+    return -1 if kind == TIMESTAMP_NOT_AVAILABLE else int(timestamp_ms)

@@ -75,9 +75,12 @@ class CommandTxn(msgspec.Struct, frozen=True, array_like=True):
 class EpochRecord(msgspec.Struct, frozen=True):
     """The ordering decisions of one epoch.
 
-    ``next_offsets`` maps ``"topic:partition"`` to the next offset to read after this epoch (the
-    offsets committed with it). ``code_hash`` identifies the application's code: replay under a
-    different hash is refused unless forced (DESIGN §2.3).
+    ``next_offsets`` maps ``"topic:partition"`` to the next offset to read after this epoch, for
+    every input and requests partition the sequencer has read from so far (the full vector, not
+    only the partitions of this epoch): the last epoch alone tells a restarted sequencer where to
+    resume, so positions never depend on consumer-group offsets that Kafka may expire. A partition
+    absent from it has never been read. ``code_hash`` identifies the application's code: replay
+    under a different hash is refused unless forced (DESIGN §2.3).
     """
 
     epoch: int
@@ -89,7 +92,13 @@ class EpochRecord(msgspec.Struct, frozen=True):
 
 
 class DeadLetter(msgspec.Struct, frozen=True):
-    """A record that could not become a transaction, with the reason and where it came from."""
+    """A record that could not become a transaction, with the reason and where it came from.
+
+    A dead letter always fits in one Kafka message: the sequencer caps ``value``, ``key`` and
+    ``reason``. When it cut the value or the key, ``truncated`` is True and they are prefixes;
+    ``size`` is the original value's length in bytes (None in dead letters written before epochal
+    recorded it). The whole record stays in its input topic at ``topic``/``partition``/``offset``.
+    """
 
     reason: str
     topic: str
@@ -97,21 +106,43 @@ class DeadLetter(msgspec.Struct, frozen=True):
     offset: int
     value: bytes
     key: bytes | None = None
+    truncated: bool = False
+    size: int | None = None
 
 
 class InputRecord(msgspec.Struct, frozen=True):
-    """A record as the sequencer read it from an input or requests topic."""
+    """A record as the sequencer read it from an input or requests topic.
+
+    ``timestamp_ms`` is the record's Kafka timestamp (-1 when it has none); the sequencer uses it
+    only to remember client request ids for a window of time.
+    """
 
     topic: str
     partition: int
     offset: int
     value: bytes
     key: bytes | None = None
+    timestamp_ms: int = -1
 
 
 class ClientRequest(msgspec.Struct, frozen=True):
-    """A client transaction on ``<app>.requests``: handler, msgpack event, idempotency key."""
+    """A client transaction on ``<app>.requests``: handler, msgpack event, idempotency key.
+
+    A request whose ``handler`` is ``""`` is a **tick**: it is no transaction, but it makes the
+    sequencer log an epoch (possibly empty) when the input is idle, so that interior transactions
+    emitted by the last epoch get one to run in. Workers send ticks; their ``request_id`` is
+    free (``tick:<epoch>``) and never remembered.
+    """
 
     request_id: str
     handler: str
     event: bytes
+
+    @classmethod
+    def tick(cls, epoch: int) -> ClientRequest:
+        """A tick sent after ``epoch``: asks for one more epoch, carries no transaction."""
+        return cls(f"tick:{epoch}", "", b"")
+
+    @property
+    def is_tick(self) -> bool:
+        return not self.handler

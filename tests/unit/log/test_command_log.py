@@ -41,3 +41,10 @@ def test_a_chunk_out_of_order_is_an_error_naming_the_offset() -> None:
     assembler.add(0, chunks[0])
     with pytest.raises(LogError, match="offset=5"):
         assembler.add(5, chunks[2])
+
+
+def test_a_tail_reader_skips_the_chunks_of_an_epoch_that_began_before_its_window() -> None:
+    chunks = chunk_epoch(_epoch(3, 200), chunk_bytes=100) + chunk_epoch(_epoch(4, 5), 100)
+    assembler = EpochAssembler(from_middle=True)
+    logged = [assembler.add(i, c) for i, c in enumerate(chunks) if i >= 2]
+    assert [e.record.epoch for e in logged if e is not None] == [4]

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epochal.log.ordering import EpochStamp, order
-from epochal.schemas.codec import encode
-from epochal.schemas.commands import ClientRequest, InputRecord, Origin
+from epochal.log.ordering import EpochStamp, RequestWindow, dead_letter, order
+from epochal.schemas.codec import decode, encode
+from epochal.schemas.commands import ClientRequest, DeadLetter, InputRecord, Origin
 from tests.unit.actors.workload import Deposit, Transfer, app
 
 STAMP = EpochStamp(9, 1_000, 7, "code")
@@ -83,3 +84,94 @@ def test_client_requests_follow_border_records_and_retries_are_sequenced_once() 
     ]  # fmt: skip
     assert [d.offset for d in sequenced.dead] == [12]
     assert sequenced.record.next_offsets["testbank.requests:0"] == 14
+
+
+def test_every_epoch_carries_the_full_position_vector() -> None:
+    before = {f"{TOPIC}:0": 5, f"{TOPIC}:1": 9, "testbank.requests:0": 3}
+    inputs = [InputRecord(TOPIC, 0, 5, encode(Deposit(1, 1))), InputRecord(TOPIC, 2, 0, b"\xc1")]
+    sequenced = order(app, STAMP, inputs, positions=before)
+    assert sequenced.record.next_offsets == {
+        f"{TOPIC}:0": 6, f"{TOPIC}:1": 9, f"{TOPIC}:2": 1, "testbank.requests:0": 3,
+    }  # fmt: skip
+    assert before[f"{TOPIC}:0"] == 5  # the caller's vector is not changed
+
+
+def test_a_tick_is_no_transaction_no_dead_letter_and_no_request_id() -> None:
+    requests = [
+        InputRecord("testbank.requests", 0, 0, encode(ClientRequest.tick(8)), timestamp_ms=10),
+        InputRecord("testbank.requests", 0, 1, encode(ClientRequest.tick(8)), timestamp_ms=11),
+    ]
+    sequenced = order(app, STAMP, [], requests)
+    assert (sequenced.record.txns, sequenced.dead) == ((), ())
+    assert sequenced.requests_seen == {}
+    assert sequenced.record.next_offsets == {"testbank.requests:0": 2}
+
+
+def test_an_idempotency_key_is_used_once_even_by_a_request_that_went_to_the_dlq() -> None:
+    bad = ClientRequest("req-1", "transfer", b"\xc1")
+    good = ClientRequest("req-1", "transfer", encode(Transfer(1, 2, 3)))
+    requests = [
+        InputRecord("testbank.requests", 0, 0, encode(bad), timestamp_ms=100),
+        InputRecord("testbank.requests", 0, 1, encode(good), timestamp_ms=300),
+    ]
+    sequenced = order(app, STAMP, [], requests)
+    assert sequenced.record.txns == ()
+    assert [d.offset for d in sequenced.dead] == [0]
+    assert sequenced.requests_seen == {"req-1": 300}  # the latest record carrying it
+
+
+def test_request_ids_are_forgotten_once_the_window_has_passed() -> None:
+    window = RequestWindow(window_ms=1_000)
+    window.remember({"a": 100, "b": 500, "c": -1}, now_ms=600)  # c: no timestamp, now counts
+    window.remember({"future": 10**15}, now_ms=600)  # a clock ahead of ours does not stretch it
+    assert {"a", "b", "c", "future"} <= set(_members(window))
+    window.prune(now_ms=1_100)  # keeps what was seen at 100 or later
+    assert set(_members(window)) == {"a", "b", "c", "future"}
+    window.prune(now_ms=1_101)
+    assert set(_members(window)) == {"b", "c", "future"}
+    window.remember({"b": 1_400}, now_ms=1_450)  # a retry extends the window
+    window.prune(now_ms=1_601)
+    assert set(_members(window)) == {"b"}
+    window.prune(now_ms=2_401)
+    assert len(window) == 0
+
+
+def test_the_window_stays_flat_over_a_long_run() -> None:
+    window, sizes = RequestWindow(window_ms=1_000), []
+    for now in range(0, 100_000, 10):  # one request every 10 ms for 100 s
+        window.remember({f"req-{now}": now}, now_ms=now)
+        window.prune(now)
+        sizes.append(len(window))
+    assert max(sizes) == 101
+    assert len(window._heap) == 101  # no stale entries pile up either
+
+
+def _members(window: RequestWindow) -> list[str]:
+    return [r for r in ("a", "b", "c", "future") if r in window]
+
+
+def test_a_dead_letter_is_capped_keeps_its_coordinates_and_says_it_was_cut() -> None:
+    record = InputRecord("t", 3, 77, b"v" * 100_000, b"k" * 50_000)
+    letter = dead_letter(record, "why " * 10_000, max_bytes=4096)
+    assert len(encode(letter)) <= 4096
+    assert (letter.topic, letter.partition, letter.offset) == ("t", 3, 77)
+    assert (letter.truncated, letter.size) == (True, 100_000)
+    assert letter.value == b"v" * len(letter.value) and len(letter.value) > 1_000
+    assert letter.key == b"k" * len(letter.key or b"")
+    assert letter.reason.startswith("why why") and letter.reason.endswith("...")
+    small = dead_letter(InputRecord("t", 0, 1, b"abc"), "bad \ud800 text")
+    assert (small.value, small.key, small.truncated, small.size) == (b"abc", None, False, 3)
+    assert encode(small)  # a lone surrogate in a reason cannot break the DLQ
+
+
+def test_a_dead_letter_written_before_truncation_existed_still_decodes() -> None:
+    class OldDeadLetter(msgspec.Struct, frozen=True):
+        reason: str
+        topic: str
+        partition: int
+        offset: int
+        value: bytes
+        key: bytes | None = None
+
+    old = decode(encode(OldDeadLetter("bad", "t", 0, 4, b"x")), DeadLetter)
+    assert (old.reason, old.offset, old.truncated, old.size) == ("bad", 4, False, None)
