@@ -1,35 +1,70 @@
 """``epochal run``: one sequencer and N worker processes, kept alive as one cluster.
 
-A dead worker or sequencer triggers a cluster-wide rollback (DESIGN §2.9): every worker is
+A failed worker or sequencer triggers a cluster-wide rollback (DESIGN §2.9): every worker is
 killed, the generation goes up, and all workers start again; they rebuild state by replaying the
 command log and produce egress only past what each partition already committed. Frames and
 replies carry the generation, so a zombie of the old generation is ignored, and the stable
-transactional ids fence its Kafka producers. A restarted sequencer resumes from its committed
-input offsets and the command log's tail. (In strong mode the workers could keep going through a
-sequencer restart; weak recovery re-sequences the input, which is why the rule is uniform.)
-Every child runs with ``PYTHONHASHSEED=0``.
+transactional ids fence its Kafka producers. A restarted sequencer resumes from the command log.
+(In strong mode the workers could keep going through a sequencer restart; weak recovery
+re-sequences the input, which is why the rule is uniform.) Every child runs with
+``PYTHONHASHSEED=0``.
+
+A failure is detected within ``failure_timeout_ms`` (plus a watch interval) in three ways:
+
+- a child process exits;
+- a process leaves the cluster's Kafka group (:mod:`epochal.log.membership`) - crashed, stopped,
+  hung (its loop stopped polling) or cut off - or never joins it within the start-up bound.
+  This does not depend on being the processes' parent, so it carries over to workers on
+  several hosts;
+- a worker loses a peer (a closed connection, a frame it cannot handle, a peer silent for the
+  bound: :class:`~epochal.actors.transport.Peers`) and exits.
+
+Rollbacks that follow each other quickly back off (:class:`RollbackBackoff`), and children die
+with the supervisor (:func:`~epochal.actors.lifecycle.die_with_parent`): no orphan keeps
+committing beside the next run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
 import os
+import secrets
 import signal
+import sys
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
 from epochal.actors.api import load_app
+from epochal.actors.egress import prepare_egress
 from epochal.actors.layout import worker_cpus
-from epochal.config import KafkaConfig, SequencerConfig, WorkerConfig
+from epochal.actors.lifecycle import die_with_parent, set_title
+from epochal.actors.transport import TransportError
+from epochal.config import FailureConfig, KafkaConfig, SequencerConfig, WorkerConfig
+from epochal.errors import ConfigError, RecoveryError
+from epochal.log.membership import (
+    GroupMember,
+    GroupObserver,
+    LoopPulse,
+    Lost,
+    MemberName,
+    MemberWatch,
+    PollingThread,
+    Role,
+    members_group,
+)
 
-__all__ = ["ClusterConfig", "Supervisor"]
+__all__ = ["ClusterConfig", "RollbackBackoff", "Supervisor"]
 
 logger = logging.getLogger(__name__)
+_TICK_S = 0.1
+EXIT_UNRECOVERABLE = 3  # a child's exit code: restarting cannot help (see _exit_if_unrecoverable)
 
 
 @dataclass(frozen=True)
@@ -44,6 +79,35 @@ class ClusterConfig:
     input_partitions: int = 1
     run_dir: Path = Path(".epochal/run")
     pin_cpus: bool = True
+    failure: FailureConfig = field(default_factory=FailureConfig)
+
+
+class RollbackBackoff:
+    """How long to wait before a rollback: nothing after a quiet period, then doubling.
+
+    A failure within ``reset_after_s`` of the previous rollback waits ``initial_s``, the next
+    twice that, up to ``max_s``: a cluster that keeps failing (a poisoned input, a broker that
+    refuses it) does not spin, and one that fails rarely recovers at once.
+
+    >>> backoff = RollbackBackoff(initial_s=0.5, max_s=30.0, reset_after_s=60.0)
+    >>> [backoff.delay(now) for now in (0.0, 1.0, 2.5, 100.0)]
+    [0.0, 0.5, 1.0, 0.0]
+    """
+
+    def __init__(self, initial_s: float, max_s: float, reset_after_s: float) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self.reset_after_s = reset_after_s
+        self.streak = 0  # failures in a row, each within reset_after_s of the last rollback
+        self._last_rollback: float | None = None
+
+    def delay(self, now: float) -> float:
+        """The wait before the rollback of a failure detected at ``now``."""
+        quiet = self._last_rollback is None or now - self._last_rollback >= self.reset_after_s
+        self.streak = 0 if quiet else self.streak + 1
+        wait = 0.0 if self.streak == 0 else min(self.initial_s * 2 ** (self.streak - 1), self.max_s)
+        self._last_rollback = now + wait
+        return wait
 
 
 class _Stop:
@@ -61,27 +125,67 @@ class _Stop:
         return self.stopping
 
 
-def _sequencer_main(config: ClusterConfig) -> None:
+def _child_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+
+@contextlib.contextmanager
+def _exit_if_unrecoverable(role: str) -> Iterator[None]:
+    """A truncated log, a log of other code, a wrong configuration: no restart can help, so the
+    child says so with :data:`EXIT_UNRECOVERABLE` and the supervisor stops instead of looping."""
+    try:
+        yield
+    except (RecoveryError, ConfigError) as exc:
+        logger.error("%s cannot go on: %s", role, exc)
+        sys.exit(EXIT_UNRECOVERABLE)
+
+
+def _sequencer_main(config: ClusterConfig, name: MemberName, parent: int) -> None:
+    """The sequencer process: its loop beats a pulse, and while it does, it stays a member."""
     from epochal.log.client import KafkaClients
     from epochal.log.sequencer import Sequencer
 
+    die_with_parent(parent)
     stop = _Stop(handle_sigint=False)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    _child_logging()
     app = load_app(config.app_spec, config.app_name)
+    set_title(f"epochal: sequencer of {app.name}")
+    clients = KafkaClients(config.kafka)
     inputs = sorted({h.topic for h in app.handlers.values() if h.topic})
-    sequencer = Sequencer(
-        config.sequencer, KafkaClients(config.kafka), app, inputs, app.code_hash()
-    )
-    sequencer.run(stop)
+    sequencer = Sequencer(config.sequencer, clients, app, inputs, app.code_hash())
+    bound_ms = config.failure.failure_timeout_ms
+    pulse = LoopPulse(bound_ms / 1000, config.failure.startup_timeout_ms / 1000, time.monotonic())
+    member = GroupMember(clients, app.name, name, bound_ms, app.topics.command_log)
+    membership = PollingThread(member, lambda: pulse.alive(time.monotonic()))
+    membership.start()
+
+    def should_stop() -> bool:
+        pulse.beat(time.monotonic())
+        return stop()
+
+    try:
+        with _exit_if_unrecoverable("sequencer"):
+            sequencer.run(should_stop)
+    finally:
+        membership.stop()
 
 
-def _worker_main(config: ClusterConfig, worker: WorkerConfig) -> None:
+def _worker_main(config: ClusterConfig, worker: WorkerConfig, parent: int) -> None:
     from epochal.actors.worker import Worker
 
+    die_with_parent(parent)
+    set_title(f"epochal: worker {worker.worker} of {worker.app} (generation {worker.generation})")
     stop = _Stop(handle_sigint=False)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    _child_logging()
     app = load_app(config.app_spec, config.app_name)
-    Worker(app, worker, config.kafka).run(stop)
+    try:
+        with _exit_if_unrecoverable(f"worker {worker.worker}"):
+            Worker(app, worker, config.kafka).run(stop)
+    except TransportError as exc:
+        if not stop():
+            raise
+        # workers stop each at its own epoch: one may go while another still waits for it
+        logger.info("worker stopped as its peers did worker=%d: %s", worker.worker, exc)
 
 
 class Supervisor:
@@ -90,37 +194,97 @@ class Supervisor:
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
         self.context = multiprocessing.get_context("spawn")
+        self.app_name = config.app_name or load_app(config.app_spec).name
+        self.run_id = secrets.token_hex(3)  # tells this run's group members from an earlier run's
         self.generation = 0
         self.sequencer: BaseProcess | None = None
+        self.sequencer_name = MemberName(self.run_id, Role.SEQUENCER, 0, 0)
         self.workers: list[BaseProcess] = []
-        app_name = config.app_name or load_app(config.app_spec).name
-        self.status_file = config.run_dir / app_name / "processes.json"
+        failure = config.failure
+        self.watch = MemberWatch(failure.startup_timeout_ms / 1000)
+        self.backoff = RollbackBackoff(failure.backoff_initial_ms / 1000,
+                                       failure.backoff_max_ms / 1000,
+                                       failure.backoff_reset_ms / 1000)  # fmt: skip
+        self.status_file = config.run_dir / self.app_name / "processes.json"
 
     def run(self) -> int:
+        from epochal.log.client import KafkaClients
+
+        set_title(f"epochal: supervisor of {self.app_name}")
         os.environ["PYTHONHASHSEED"] = "0"  # inherited by every spawned child
         stop = _Stop(handle_sigint=True)
         self._ensure_topics()
+        group = GroupObserver(
+            KafkaClients(self.config.kafka),
+            members_group(self.app_name),
+            self.config.failure.watch_interval_ms / 1000,
+        )
+        self.generation = 1
         self._start_sequencer()
         self._start_workers()
         try:
             while not stop():
-                time.sleep(0.1)
-                sequencer_died = self.sequencer is not None and not self.sequencer.is_alive()
-                dead = [w for w in self.workers if not w.is_alive()]
-                if (sequencer_died or dead) and not stop():
-                    role = (
-                        "sequencer" if sequencer_died else f"worker {self.workers.index(dead[0])}"
-                    )
-                    logger.warning("%s exited; rolling the cluster back", role)
-                    self._rollback(restart_sequencer=sequencer_died)
+                time.sleep(_TICK_S)
+                lost = self._lost(group)
+                if lost and not stop():
+                    self._roll_back(lost, stop)
         finally:
             self._stop([*self.workers, *([self.sequencer] if self.sequencer else [])])
         return 0
 
-    def _rollback(self, restart_sequencer: bool) -> None:
-        """Every worker stops and starts again in a new generation; state is rebuilt by replay,
-        and the stable transactional ids fence whatever the old generation still had open."""
-        self._kill(self.workers)
+    def _lost(self, group: GroupObserver) -> list[Lost]:
+        """Members that failed: exited processes first, then what the group says."""
+        for role, process in [("sequencer", self.sequencer), *(
+            (f"worker {w}", p) for w, p in enumerate(self.workers)
+        )]:  # fmt: skip
+            if process is not None and process.exitcode == EXIT_UNRECOVERABLE:
+                raise RecoveryError(
+                    f"the {role} cannot go on and restarting would not help (its log above "
+                    "says why); the cluster stops", app=self.app_name,
+                )  # fmt: skip
+        lost = []
+        if self.sequencer is not None and not self.sequencer.is_alive():
+            lost.append(Lost(self.sequencer_name, f"exited code={self.sequencer.exitcode}"))
+        for w, process in enumerate(self.workers):
+            if not process.is_alive():
+                name = MemberName(self.run_id, Role.WORKER, w, self.generation)
+                lost.append(Lost(name, f"exited code={process.exitcode}"))
+        if lost:
+            return lost
+        now = time.monotonic()
+        view = group.view(now)
+        return [] if view is None else self.watch.judge(view, now)
+
+    def _roll_back(self, lost: list[Lost], stop: _Stop) -> None:
+        """Every worker stops and starts again in a new generation (and the sequencer, if it
+        failed); state is rebuilt by replay, and the stable transactional ids fence whatever
+        the old generation still had open. A failed process may be stopped or hung, not dead:
+        it is killed before anything starts again."""
+        for failure in lost:
+            logger.warning(
+                "failure detected role=%s index=%d generation=%d reason=%s",
+                failure.name.role, failure.name.index, failure.name.generation, failure.reason,
+            )  # fmt: skip
+        restart_sequencer = any(failure.name.role is Role.SEQUENCER for failure in lost)
+        self._kill(
+            [*self.workers, *([self.sequencer] if restart_sequencer and self.sequencer else [])]
+        )
+        delay = self.backoff.delay(time.monotonic())
+        if delay:
+            logger.warning(
+                "rollback backs off delay_s=%.1f failures_in_a_row=%d",
+                delay,
+                self.backoff.streak + 1,
+            )
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline and not stop():
+                time.sleep(_TICK_S)
+        if stop():
+            return
+        self.generation += 1
+        logger.warning(
+            "rolling back generation=%d restart_sequencer=%s", self.generation, restart_sequencer
+        )
         if restart_sequencer:
             self._start_sequencer()
         self._start_workers()
@@ -137,26 +301,41 @@ class Supervisor:
             self.config.input_partitions
         )
         clients.create_topics([app.topics.egress(name) for name in egress])
+        prepare_egress(app, clients, self.config.worker.partitions,
+                       allow_code_change=self.config.worker.allow_code_change)  # fmt: skip
 
     def _start_sequencer(self) -> None:
+        self.sequencer_name = MemberName(self.run_id, Role.SEQUENCER, 0, self.generation)
         self.sequencer = self.context.Process(
-            target=_sequencer_main, args=(self.config,), name="epochal-sequencer"
+            target=_sequencer_main,
+            args=(self.config, self.sequencer_name, os.getpid()),
+            name="epochal-sequencer",
         )
         self.sequencer.start()
+        self.watch.expect(self.sequencer_name, time.monotonic())
         self._write_status()
 
     def _start_workers(self) -> None:
-        self.generation += 1
-        template = self.config.worker
+        template = replace(
+            self.config.worker,
+            run_id=self.run_id,
+            failure_timeout_ms=self.config.failure.failure_timeout_ms,
+        )
         cpus = worker_cpus(template.workers) if self.config.pin_cpus else [None] * template.workers
         self.workers = []
         for w in range(template.workers):
             config = replace(template, worker=w, generation=self.generation, cpu=cpus[w])
             process = self.context.Process(
-                target=_worker_main, args=(self.config, config), name=f"epochal-worker-{w}"
+                target=_worker_main,
+                args=(self.config, config, os.getpid()),
+                name=f"epochal-worker-{w}",
             )
             process.start()
             self.workers.append(process)
+            self.watch.expect(
+                MemberName(self.run_id, Role.WORKER, w, self.generation), time.monotonic()
+            )
+        self.watch.retain(Role.WORKER, template.workers)
         logger.info("workers started generation=%d count=%d", self.generation, len(self.workers))
         self._write_status()
 
@@ -165,6 +344,7 @@ class Supervisor:
         self.status_file.parent.mkdir(parents=True, exist_ok=True)
         status = {
             "supervisor": os.getpid(),
+            "run_id": self.run_id,
             "generation": self.generation,
             "sequencer": self.sequencer.pid if self.sequencer else None,
             "workers": [w.pid for w in self.workers],

@@ -9,6 +9,7 @@ worker: :attr:`Peers.failed` completes and the worker stops, and the supervisor 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import struct
 import time
@@ -17,13 +18,14 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from epochal.actors.outcome import Emitted
 from epochal.errors import EpochalError
 from epochal.schemas.commands import ActorKey
 
 __all__ = [
     "DoneFrame",
-    "EmitItem",
     "Frame",
+    "HeartbeatFrame",
     "HelloFrame",
     "Peers",
     "ReadItem",
@@ -46,30 +48,21 @@ class ReadItem(msgspec.Struct, frozen=True, array_like=True):
 
 
 class ReadsFrame(msgspec.Struct, frozen=True, array_like=True, tag="r"):
-    """Values one partition read for transaction ``(epoch, seq)``, for partition ``to``."""
+    """The canonical values one worker read for transaction ``(epoch, seq)``."""
 
     generation: int
     epoch: int
     seq: int
-    to: int
     items: list[ReadItem]
 
 
-class EmitItem(msgspec.Struct, frozen=True, array_like=True):
-    epoch: int
-    seq: int
-    index: int
-    handler: str
-    event: bytes
-
-
 class DoneFrame(msgspec.Struct, frozen=True, array_like=True, tag="d"):
-    """A worker finished ``epoch``; the events its transactions emitted come with it."""
+    """A worker finished ``epoch``; the events its reported transactions emitted come with it."""
 
     generation: int
     epoch: int
     worker: int
-    emits: list[EmitItem]
+    emits: list[Emitted]
 
 
 class HelloFrame(msgspec.Struct, frozen=True, array_like=True, tag="h"):
@@ -77,7 +70,13 @@ class HelloFrame(msgspec.Struct, frozen=True, array_like=True, tag="h"):
     worker: int
 
 
-Frame = ReadsFrame | DoneFrame | HelloFrame
+class HeartbeatFrame(msgspec.Struct, frozen=True, array_like=True, tag="b"):
+    """Sent to every peer four times per failure bound: a peer silent for longer has failed."""
+
+    generation: int
+
+
+Frame = ReadsFrame | DoneFrame | HelloFrame | HeartbeatFrame
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Frame)
 
@@ -94,6 +93,13 @@ class Peers:
     ``addresses[w]`` is worker w's listen address (``host:port``); peers come from config, so
     workers on several hosts are only configuration. The engine that uses the peers sets
     ``on_frame`` to receive what arrives.
+
+    :attr:`failed` completes with a :class:`TransportError` when a peer is lost: its connection
+    closes, a frame from it cannot be handled (whatever the exception: a reader must never die
+    silently, or its peers wait forever), or it has been silent for ``failure_timeout_s`` (every
+    worker sends a :class:`HeartbeatFrame` four times per bound, so this catches a peer that is
+    alive but unreachable). An inbound connection is a peer's only once it said Hello for this
+    generation; anything else from it just closes it.
     """
 
     worker: int
@@ -101,10 +107,14 @@ class Peers:
     generation: int
     on_frame: Callable[[ReadsFrame | DoneFrame], None] = field(default=lambda frame: None)
     connect_timeout_s: float = 30.0
+    failure_timeout_s: float = 6.0
     failed: asyncio.Future[None] = field(init=False)
     _writers: dict[int, asyncio.StreamWriter] = field(default_factory=dict)
     _buffers: dict[int, list[bytes]] = field(default_factory=dict)
+    _heard: dict[int, float] = field(default_factory=dict)
+    _inbound: dict[asyncio.Task[None], asyncio.StreamWriter] = field(default_factory=dict)
     _server: asyncio.Server | None = None
+    _keeping_alive: asyncio.Task[None] | None = None
     _closing: bool = False
 
     async def start(self) -> None:
@@ -116,6 +126,8 @@ class Peers:
                 self._writers[other] = await self._connect(other, address)
                 self.send(other, HelloFrame(self.generation, self.worker))
         await self.flush()
+        self._heard = dict.fromkeys(self._writers, time.monotonic())  # a bound to say Hello
+        self._keeping_alive = asyncio.create_task(self._keep_alive(), name="peer-heartbeats")
         logger.info("peers connected worker=%d peers=%d", self.worker, len(self._writers))
 
     async def _connect(self, other: int, address: str) -> asyncio.StreamWriter:
@@ -132,8 +144,7 @@ class Peers:
                 await asyncio.sleep(0.05)
 
     def send(self, to: int, frame: Frame) -> None:
-        payload = _encoder.encode(frame)
-        self._buffers.setdefault(to, []).append(_LENGTH.pack(len(payload)) + payload)
+        self._buffers.setdefault(to, []).append(_framed(frame))
 
     def broadcast(self, frame: Frame) -> None:
         for other in self._writers:
@@ -150,32 +161,101 @@ class Peers:
                 except ConnectionError as exc:
                     raise TransportError("a peer went away", worker=to) from exc
 
+    async def _keep_alive(self) -> None:
+        """Heart-beat every peer, and fail on a peer silent for longer than the bound.
+
+        A round that comes late means this loop was blocked: the peers' frames may be waiting
+        unread, so their silence is judged a round later, once the readers caught up.
+        """
+        interval = self.failure_timeout_s / 4
+        beat = _framed(HeartbeatFrame(self.generation))
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            for writer in self._writers.values():
+                if not writer.is_closing():
+                    writer.write(beat)  # whole frames, between the engine's whole frames
+            now = time.monotonic()
+            late, last = now - last > 2 * interval, now
+            bound = self.failure_timeout_s
+            silent = [(p, now - t) for p, t in self._heard.items() if now - t > bound]
+            if silent and not late:
+                peer, seconds = silent[0]
+                self._fail(TransportError("a peer has been silent", worker=self.worker,
+                                          peer=peer, silent_s=round(seconds, 2)))  # fmt: skip
+                return
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer: int | None = None
+        task = asyncio.current_task()
+        assert task is not None
+        self._inbound[task] = writer
         try:
+            hello = await asyncio.wait_for(_read(reader, _HELLO_BYTES), self.failure_timeout_s)
+            if not isinstance(hello, HelloFrame) or hello.generation != self.generation:
+                logger.info("not a peer of this generation, closed worker=%d", self.worker)
+                return
+            peer = hello.worker
             while True:
-                header = await reader.readexactly(_LENGTH.size)
-                frame = _decoder.decode(await reader.readexactly(_LENGTH.unpack(header)[0]))
+                self._heard[peer] = time.monotonic()
+                frame = await _read(reader)
                 if frame.generation != self.generation:
                     continue  # a zombie of another generation
-                if not isinstance(frame, HelloFrame):
+                if not isinstance(frame, HelloFrame | HeartbeatFrame):
                     self.on_frame(frame)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            if self._closing:
-                return
-            if not self.failed.done():
-                self.failed.set_exception(TransportError("a peer went away", worker=self.worker))
-            logger.warning("peer connection lost worker=%d: %s", self.worker, exc)
+            if peer is not None and not self._closing:
+                error = TransportError("a peer went away", worker=self.worker, peer=peer)
+                self._fail(error, exc, level=logging.WARNING)  # or it stopped before this one
+        except Exception as exc:  # any error handling a peer's frame fails this worker
+            if peer is None:
+                logger.info("not a peer, closed worker=%d: %r", self.worker, exc)
+            elif not self._closing:
+                error = TransportError("a frame from a peer could not be handled",
+                                       worker=self.worker, peer=peer, error=repr(exc))  # fmt: skip
+                self._fail(error, exc)
         finally:
             writer.close()
+            del self._inbound[task]
+
+    def _fail(
+        self, error: TransportError, cause: BaseException | None = None, level: int = logging.ERROR
+    ) -> None:
+        error.__cause__ = cause
+        logger.log(level, "peer lost: %s", error)
+        if not self.failed.done():
+            self.failed.set_exception(error)
 
     async def close(self) -> None:
         """Close connections; the peers' handlers end on EOF, nothing is cancelled mid-frame."""
         self._closing = True
-        for writer in self._writers.values():
+        if self._keeping_alive is not None:
+            self._keeping_alive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeping_alive
+        for writer in [*self._writers.values(), *self._inbound.values()]:
             writer.close()
         if self._server is not None:
             self._server.close()
+        if self._inbound:  # they end on EOF now: none is left for the loop's end to cancel
+            await asyncio.wait(list(self._inbound), timeout=self.failure_timeout_s)
         if not self.failed.done():
             self.failed.cancel()
         elif not self.failed.cancelled():
             self.failed.exception()  # retrieved: the worker is stopping because of it anyway
+
+
+_HELLO_BYTES = 1024  # the most a connection may send before it said Hello
+
+
+def _framed(frame: Frame) -> bytes:
+    payload = _encoder.encode(frame)
+    return _LENGTH.pack(len(payload)) + payload
+
+
+async def _read(reader: asyncio.StreamReader, limit: int | None = None) -> Frame:
+    (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    if limit is not None and length > limit:
+        raise TransportError("frame too large", length=length, limit=limit)
+    frame: Frame = _decoder.decode(await reader.readexactly(length))
+    return frame

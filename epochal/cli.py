@@ -22,6 +22,7 @@ from rich.logging import RichHandler
 from epochal.actors.api import App, load_app
 from epochal.config import (
     CacheConfig,
+    FailureConfig,
     KafkaConfig,
     LocalBrokerConfig,
     SequencerConfig,
@@ -135,6 +136,7 @@ def _run(args: argparse.Namespace) -> int:
         sequencer=SequencerConfig(
             app_name, epoch_ms=args.epoch_ms, max_records=args.epoch_records,
             metrics_port=args.metrics_port + workers if args.metrics_port else 0,
+            input_retention_ms=args.input_retention_ms,
         ),
         worker=WorkerConfig(
             app_name, workers=workers, partitions=partitions, peers=peers,
@@ -142,6 +144,8 @@ def _run(args: argparse.Namespace) -> int:
         ),
         input_partitions=args.input_partitions,
         run_dir=Path(args.run_dir),
+        failure=FailureConfig(failure_timeout_ms=args.failure_timeout_ms,
+                              startup_timeout_ms=args.startup_timeout_ms),
     )  # fmt: skip
     console.print(
         f"running {args.app} as {app_name!r}: {workers} workers, {partitions} partitions, "
@@ -250,9 +254,16 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--peers", help="host:port of every worker, comma-separated")
     run.add_argument("--port-base", type=int, default=7600, help="local worker ports from here")
     run.add_argument("--input-partitions", type=int, default=1, help="partitions of new topics")
+    run.add_argument("--input-retention-ms", type=int, default=-1,
+                     help="retention of input and requests topics (-1: forever)")  # fmt: skip
     run.add_argument("--metrics-port", type=int, default=0,
                      help="Prometheus: worker w on port+w, then sequencer (0: off)")  # fmt: skip
     run.add_argument("--run-dir", default=".epochal/run", help="where pids and status go")
+    run.add_argument("--failure-timeout-ms", type=int, default=6000,
+                     help="a process or peer silent this long has failed (the broker's "
+                          "group.min.session.timeout.ms is the least)")  # fmt: skip
+    run.add_argument("--startup-timeout-ms", type=int, default=30_000,
+                     help="a process must join the cluster within this")  # fmt: skip
     run.set_defaults(handler=_run)
 
     replay = commands.add_parser("replay", help="rebuild an app's state from its command log")

@@ -15,6 +15,7 @@ from typing import Any
 
 __all__ = [
     "CacheConfig",
+    "FailureConfig",
     "KafkaConfig",
     "LocalBrokerConfig",
     "SequencerConfig",
@@ -141,19 +142,27 @@ class SequencerConfig:
     """When the sequencer closes an epoch, and how it talks to Kafka.
 
     An epoch closes after ``epoch_ms`` milliseconds or ``max_records`` records, whichever comes
-    first. With no input, an empty epoch is still logged every ``idle_epoch_ms`` so that interior
-    transactions emitted by the last epoch run. ``transaction_timeout_ms`` is the Kafka
+    first, and is logged only if it consumed something: an idle app logs nothing. Interior
+    transactions emitted by the last epoch still get an epoch to run in: a worker sends a tick
+    (``ClientRequest.tick``) to the requests topic. ``transaction_timeout_ms`` is the Kafka
     producer's: a crashed sequencer's open transaction is aborted by the broker after it.
-    ``metrics_port`` serves Prometheus metrics (0: off).
+    ``chunk_bytes`` bounds one command-log record. ``dead_letter_max_bytes`` bounds one encoded
+    dead letter (value, key and reason are cut to fit, and the letter says so).
+    ``request_id_window_ms`` is how long a client request id is remembered after its last request
+    record: a retry within it is sequenced once. ``input_retention_ms`` is the retention the
+    input and requests topics get (-1: forever; an existing topic that keeps less is raised to
+    it). ``metrics_port`` serves Prometheus metrics (0: off).
     """
 
     app: str
     epoch_ms: int = 20
     max_records: int = 5000
-    idle_epoch_ms: int = 100
     transaction_timeout_ms: int = 10_000
     chunk_bytes: int = 512 * 1024
     metrics_port: int = 0
+    dead_letter_max_bytes: int = 64 * 1024
+    request_id_window_ms: int = 10 * 60 * 1000
+    input_retention_ms: int = -1
 
 
 @dataclass(frozen=True)
@@ -162,9 +171,13 @@ class WorkerConfig:
 
     ``peers[w]`` is worker w's ``host:port`` for the exchange between workers (from config, so
     the workers may live on several hosts). ``generation`` is the cluster generation this worker
-    belongs to; frames of another generation are dropped. Egress commits at most every
-    ``egress_interval_ms``. ``cpu`` pins the process when set. ``metrics_port`` 0 disables the
-    Prometheus endpoint.
+    belongs to; frames of another generation are dropped. Egress commits every
+    ``egress_interval_ms`` (or sooner, under a backlog). When interior transactions wait and no
+    epoch has come for ``interior_tick_ms``, worker 0 asks the sequencer for one. ``cpu`` pins
+    the process when set. ``metrics_port`` 0 disables the Prometheus endpoint. ``run_id`` names
+    the run this worker belongs to in the cluster's group (empty: the worker joins no group); a
+    peer or the worker's own loop silent for ``failure_timeout_ms`` is a failure (see
+    :class:`FailureConfig`).
     """
 
     app: str
@@ -174,8 +187,34 @@ class WorkerConfig:
     peers: tuple[str, ...] = ()
     generation: int = 1
     egress_interval_ms: int = 50
+    interior_tick_ms: int = 100
     transaction_timeout_ms: int = 10_000
     track_digest: bool = False
     cpu: int | None = None
     metrics_port: int = 0
     allow_code_change: bool = False
+    run_id: str = ""
+    failure_timeout_ms: int = 6000
+
+
+@dataclass(frozen=True)
+class FailureConfig:
+    """How ``epochal run`` detects failures (DESIGN §2.9) and paces the rollbacks they cause.
+
+    A process that stops heart-beating or polling for ``failure_timeout_ms`` leaves the cluster's
+    Kafka group and is failed; the default, 6000, is the least a stock broker allows
+    (``group.min.session.timeout.ms``). A process must join within ``startup_timeout_ms`` of its
+    start. The supervisor describes the group every ``watch_interval_ms``. A failure less than
+    ``backoff_reset_ms`` after the previous one waits before the rollback: ``backoff_initial_ms``,
+    doubling up to ``backoff_max_ms``.
+
+    >>> FailureConfig().failure_timeout_ms
+    6000
+    """
+
+    failure_timeout_ms: int = 6000
+    startup_timeout_ms: int = 30_000
+    watch_interval_ms: int = 500
+    backoff_initial_ms: int = 500
+    backoff_max_ms: int = 30_000
+    backoff_reset_ms: int = 60_000

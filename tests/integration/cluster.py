@@ -1,0 +1,217 @@
+"""``epochal run`` of the test workload as real processes on the real broker, and the checks
+every cluster test ends with: each input applied once, timestamps unique and increasing, each
+egress record once, outcomes as the serial oracle says."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import msgspec
+from confluent_kafka import Producer
+
+from epochal.actors.oracle import SerialOracle
+from epochal.log.client import KafkaClients
+from epochal.log.command_log import KafkaCommandLog
+from epochal.schemas.codec import decode
+from epochal.schemas.commands import DeadLetter, EpochRecord
+from epochal.schemas.egress import EgressRecord
+from tests.conftest import free_ports
+from tests.unit.actors.workload import Deposit, Transfer, app
+
+__all__ = ["ACCOUNTS", "BOUND_MS", "SLACK_S", "Cluster", "gone", "wait_until"]
+
+EPOCHAL = str(Path(sys.executable).parent / "epochal")
+ROOT = Path(__file__).resolve().parents[2]
+BOUND_MS = 1500
+SLACK_S = 2.5  # the group's rebalance, the supervisor's watch interval, a loaded machine
+ACCOUNTS = 40
+
+
+@dataclass
+class Cluster:
+    """``epochal run`` of the test workload as a subprocess, and what the test fed it."""
+
+    name: str
+    run_dir: Path
+    kafka: KafkaClients
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[IO[bytes]] = field(default_factory=list)
+    produced: int = 0
+    transfers: int = 0
+    metrics_port: int = 0
+    rng: random.Random = field(default_factory=lambda: random.Random(7))
+
+    @property
+    def status_file(self) -> Path:
+        return self.run_dir / self.name / "processes.json"
+
+    def status(self) -> dict[str, Any]:
+        return dict(json.loads(self.status_file.read_text()))
+
+    def log(self) -> str:
+        return "".join(p.read_text() for p in sorted(self.run_dir.glob("run-*.log")))
+
+    def start(self, workers: int = 2, partitions: int = 4, metrics_port: int = 0) -> int:
+        """Starts a run and waits for its processes; returns the workers' port base.
+
+        With ``metrics_port`` P, worker w serves metrics on P+w and the sequencer on P+workers.
+        """
+        port_base = free_ports(workers)
+        self.metrics_port = metrics_port
+        command = [
+            EPOCHAL, "run", "tests.unit.actors.workload:app", "--name", self.name,
+            "--bootstrap", self.kafka.config.bootstrap_servers, "--workers", str(workers),
+            "--partitions", str(partitions), "--port-base", str(port_base),
+            "--run-dir", str(self.run_dir), "--metrics-port", str(metrics_port),
+            "--epoch-ms", "20", "--failure-timeout-ms", str(BOUND_MS),
+            "--startup-timeout-ms", "20000",
+        ]  # fmt: skip
+        log = open(self.run_dir / f"run-{len(self.processes)}.log", "wb")  # noqa: SIM115
+        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        self.processes.append(process)
+        self.logs.append(log)
+        wait_until(
+            lambda: self.status_file.exists()
+            and self.status()["supervisor"] == process.pid
+            and len(self.status()["workers"]) == workers,
+            60, "the cluster did not start", lambda: process.poll() is None, self.log,
+        )  # fmt: skip
+        return port_base
+
+    def stop(self) -> None:
+        """SIGTERM; the stop is clean: exit code 0 and no traceback."""
+        process = self.processes[-1]
+        before = len(self.log())
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+        assert "Traceback" not in self.log()[before:], self.log()[before:]
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
+        for log in self.logs:
+            log.close()
+
+    def produce(self, transfers: int, deposits: bool = False, json_every: int = 0) -> None:
+        """Random transfers between the test accounts (after a deposit into each, if asked);
+        with ``json_every`` n, every n-th record is JSON, the others msgpack."""
+        values = (
+            [msgspec.msgpack.encode(Deposit(a, 100)) for a in range(ACCOUNTS)] if deposits else []
+        )
+        for i in range(transfers):
+            transfer = Transfer(self.rng.randrange(ACCOUNTS), self.rng.randrange(ACCOUNTS),
+                                self.rng.randrange(1, 80))  # fmt: skip
+            json = json_every and i % json_every == 0
+            values.append((msgspec.json.encode if json else msgspec.msgpack.encode)(transfer))
+        self.produce_values(values)
+        self.transfers += transfers
+
+    def produce_values(self, values: list[bytes], topic: str = "in.ops") -> None:
+        """Records as they are, to ``<app>.<topic>`` (counted as input if it is ``in.ops``)."""
+        producer = Producer({"bootstrap.servers": self.kafka.config.bootstrap_servers})
+        for value in values:
+            producer.produce(f"{self.name}.{topic}", value)
+        assert producer.flush(30) == 0
+        if topic == "in.ops":
+            self.produced += len(values)
+
+    def read(self, suffix: str, timeout_s: float = 1.0) -> list[bytes]:
+        """Every committed record of ``<app>.<suffix>`` so far."""
+        consumer = self.kafka.assigned_consumer(
+            f"{self.name}.{suffix}", {0: 0}, **{"isolation.level": "read_committed"}
+        )
+        values: list[bytes] = []
+        while batch := consumer.consume(10_000, timeout_s):
+            values += [m.value() or b"" for m in batch if m.error() is None]
+        consumer.close()
+        return values
+
+    def egress(self) -> list[EgressRecord]:
+        return [
+            decode(v, EgressRecord) for s in ("out.receipts", "out.errors") for v in self.read(s)
+        ]
+
+    def dead_letters(self) -> list[DeadLetter]:
+        return [decode(v, DeadLetter) for v in self.read("dlq")]
+
+    def metrics(self, port: int) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            return str(reply.read().decode())
+
+    def wait_for_egress(self, timeout_s: float = 60) -> list[EgressRecord]:
+        deadline = time.monotonic() + timeout_s
+        while len(egress := self.egress()) < self.transfers and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return egress
+
+    def generation(self) -> int:
+        return int(self.status()["generation"])
+
+    def epochs(self) -> list[EpochRecord]:
+        return [
+            e.record for e in KafkaCommandLog(self.kafka, f"{self.name}.cmd").epochs(to_end=True)
+        ]
+
+    def check_against_the_oracle(self) -> list[EgressRecord]:
+        """Each input sequenced once (or a dead letter), timestamps unique and increasing, each
+        egress record once, saying which input it is about, with the serial oracle's outcome."""
+        egress = self.wait_for_egress()
+        epochs = self.epochs()
+        border = [t for e in epochs for t in e.txns if t.source and t.source.topic.endswith(".ops")]
+        dead = [d.offset for d in self.dead_letters() if d.topic.endswith(".ops")]
+        assert sorted([t.source.offset for t in border if t.source] + dead) == list(
+            range(self.produced)
+        )
+        stamps = [(e.epoch, t.seq) for e in epochs for t in e.txns]
+        assert stamps == sorted(set(stamps))
+        egressed = [(r.epoch, r.seq) for r in egress]
+        assert len(egressed) == len(set(egressed)) == self.transfers
+        sources = {(e.epoch, t.seq): (t.source, t.request_id) for e in epochs for t in e.txns}
+        assert all(sources[r.epoch, r.seq] == (r.source, r.request_id) for r in egress)
+        expected = [
+            (o.epoch, o.seq, o.committed, o.reason)
+            for result in SerialOracle(app).run(epochs)
+            for o in result.outcomes
+            if o.handler == "transfer"
+        ]
+        assert sorted((r.epoch, r.seq, r.committed, r.reason) for r in egress) == sorted(expected)
+        return egress
+
+
+def wait_until(
+    done: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    alive: Callable[[], bool] = lambda: True,
+    log: Callable[[], str] = lambda: "",
+) -> float:
+    """Polls until ``done()``; returns when (monotonic)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert alive(), log()
+        assert time.monotonic() < deadline, f"{what}\n{log()}"
+        time.sleep(0.02)
+    return time.monotonic()
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # killed, not reaped yet
+    except FileNotFoundError:
+        return True  # reaped meanwhile

@@ -1,0 +1,73 @@
+"""Children of a supervisor die with it, even when it dies before they are set up; ps tells
+the roles apart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    from epochal.actors.lifecycle import die_with_parent, set_title
+    die_with_parent(int(sys.argv[1]))
+    set_title("epochal: worker 1 of bank (generation 3)")
+    print(os.getpid(), flush=True)
+    time.sleep(60)
+""")
+PARENT = textwrap.dedent("""
+    import os, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(os.getpid())],
+                             stdout=subprocess.PIPE, text=True)
+    print(child.stdout.readline().strip(), flush=True)
+    time.sleep(60)
+""")
+
+
+def _gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                return True  # killed, waiting to be reaped by init
+        except FileNotFoundError:
+            return True  # reaped meanwhile
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_child_dies_when_its_parent_is_killed_and_shows_its_role_in_ps() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD], stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").strip()
+        assert cmdline == b"epochal: worker 1 of bank (generation 3)"
+        parent.kill()
+        parent.wait()
+        assert _gone(child, timeout_s=2.0)
+    finally:
+        parent.kill()
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
+def test_a_child_whose_parent_died_before_it_was_set_up_dies_at_once() -> None:
+    # the pid passed down is not the parent's any more: as if it had died and been replaced
+    not_the_parent = str(os.getpid() + 1_000_000)
+    done = subprocess.run([sys.executable, "-c", CHILD, not_the_parent], check=False,
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert done.returncode == -signal.SIGKILL
+    assert done.stdout == ""
