@@ -1,12 +1,17 @@
 """A worker process: command log in, epochs executed, egress out exactly once.
 
-The loop reads like the protocol: poll the command log (``read_committed``) → execute each epoch
-on this worker's partitions (exchanging reads and emits with the other workers) → hand each
-partition's egress to its transactional writer → commit egress every ``egress_interval_ms``.
+The loop reads like the protocol: poll the command log (``read_committed``) → check that each
+epoch follows the last one → execute it on this worker's partitions (exchanging reads and emits
+with the other workers) → hand each partition's egress to its transactional writer → commit
+egress every ``egress_interval_ms``, or sooner once a writer holds ``MAX_PENDING_EGRESS`` records
+(a backlog of any size drains in bounded transactions).
 
 Until snapshots exist a worker always starts from the beginning of the command log: state is
-rebuilt by replay, and a partition produces egress only for epochs after the position its last
-egress transaction covered (so a restart never repeats an output). Anything that is not a
+rebuilt by replay, and a partition produces egress only for epochs after the position its writer
+last committed (``log/egress.py``), so a restart never repeats an output. An epoch whose number
+does not follow the last one is refused: two sequencers wrote the log. When the epoch just run
+emitted interior transactions and no new epoch comes, worker 0 asks the sequencer for one (a
+*tick* on ``<app>.requests``), so an idle input never strands them. Anything that is not a
 handler's exception (a lost peer, Kafka failing, a bug) ends the process; the supervisor then
 rolls the whole cluster back to a new generation (DESIGN §2.9).
 """
@@ -18,50 +23,49 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 from epochal.actors.api import App
+from epochal.actors.egress import MAX_PENDING_EGRESS, egress_records
 from epochal.actors.engine import Engine, EpochResult
-from epochal.actors.outcome import TxnOutcome
 from epochal.actors.plan import ensure_same_code
 from epochal.actors.transport import Peers
 from epochal.config import KafkaConfig, WorkerConfig
+from epochal.errors import ConfigError, LogError
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import KafkaCommandLog, LoggedEpoch
-from epochal.log.egress import EgressWriter
+from epochal.log.egress import EgressWriter, read_egress_state
+from epochal.log.membership import while_member, worker_member
 from epochal.metrics import Metrics, serve_metrics
 from epochal.schemas.codec import encode
-from epochal.schemas.commands import PartitionId
-from epochal.schemas.egress import EgressRecord
+from epochal.schemas.commands import ClientRequest, PartitionId
 
 __all__ = ["Worker"]
 
 logger = logging.getLogger(__name__)
 
 
-def egress_records(app: App, outcome: TxnOutcome) -> list[tuple[str, bytes]]:
-    """(topic, value) of what one reported outcome writes to egress topics."""
-    if outcome.committed:
-        return [
-            (app.topics.egress(name), encode(EgressRecord(outcome.epoch, outcome.seq,
-                                                          outcome.handler, True, value)))
-            for name, value in outcome.egress
-        ]  # fmt: skip
-    aborts_to = app.handlers[outcome.handler].aborts_to
-    if aborts_to is None:
-        return []
-    record = EgressRecord(outcome.epoch, outcome.seq, outcome.handler, False, reason=outcome.reason)
-    return [(app.topics.egress(aborts_to), encode(record))]
-
-
 def abort_category(reason: str) -> str:
-    """A label of few values for an abort reason: constraint, undeclared key, or the exception."""
-    if reason.startswith("constraint "):
-        return "constraint"
-    if reason.startswith("undeclared key"):
-        return "undeclared_key"
-    if reason.startswith("key function"):
-        return "key_function"
-    return reason.split(":", 1)[0] if ":" in reason else "other"
+    """A label of few values for an abort reason: a broken rule of the contract, or the
+    exception's type name (which the app's code chooses, so the set stays small)."""
+    for prefix, label in _ABORT_LABELS:
+        if reason.startswith(prefix):
+            return label
+    head = reason.split(":", 1)[0]
+    return head if head.isidentifier() else "other"
+
+
+_ABORT_LABELS = (  # the prefixes of the reasons epochal itself gives
+    ("constraint ", "constraint"),
+    ("undeclared key", "undeclared_key"),
+    ("key function", "key_function"),
+    ("key ", "key_type"),
+    ("ill-typed", "ill_typed"),
+    ("not an actor type", "ill_typed"),
+    ("no transaction handles", "ill_typed"),
+    ("egress ", "egress"),
+    ("event no longer decodes", "event_decode"),
+)
 
 
 class Worker:
@@ -84,47 +88,76 @@ class Worker:
             os.sched_setaffinity(0, {self.config.cpu})
         if self.config.metrics_port:
             serve_metrics(self.metrics, self.config.metrics_port + self.config.worker)
+        member = worker_member(self.clients, self.config, self.app.topics.command_log)
         try:
             import uvloop
 
-            uvloop.run(self._run(should_stop))
+            uvloop.run(while_member(member, self._run(should_stop)))
         except ImportError:  # uvloop is Linux/macOS only
-            asyncio.run(self._run(should_stop))
+            asyncio.run(while_member(member, self._run(should_stop)))
 
     async def _run(self, should_stop: Callable[[], bool]) -> None:
         config = self.config
         peers = None
         if config.workers > 1:
-            peers = Peers(config.worker, list(config.peers), config.generation)
+            peers = Peers(config.worker, list(config.peers), config.generation,
+                          failure_timeout_s=config.failure_timeout_ms / 1000)  # fmt: skip
         engine = Engine(self.app, config.partitions, config.worker, config.workers, peers,
                         track_digest=config.track_digest)  # fmt: skip
-        writers = {
-            p: EgressWriter(self.clients, self.app.name, p, config.transaction_timeout_ms)
-            for p in engine.partitions
-        }
+        writers = self._open_egress(engine)
         if peers is not None:
             await peers.start()
         poller = KafkaCommandLog(self.clients, self.app.topics.command_log).poller(start=0)
+        ticker = _InteriorTicker(self.clients, self.app, config)
         loop = asyncio.get_running_loop()
-        next_position, last_commit = 0, time.monotonic()
+        next_position, expected_epoch, last_commit = 0, 0, time.monotonic()
         logger.info("worker started worker=%d partitions=%s generation=%d",
-                    config.worker, sorted(engine.partitions), config.generation)  # fmt: skip
+                    config.worker, list(engine.partitions), config.generation)  # fmt: skip
         try:
             while not should_stop():
-                for logged in await loop.run_in_executor(None, poller.poll, 0.05):
+                if peers is not None and peers.failed.done():
+                    peers.failed.result()  # a peer lost while idle fails this worker now too
+                epochs = await loop.run_in_executor(None, poller.poll, 0.05)
+                for logged in epochs:
+                    expected_epoch = _follows(logged, expected_epoch)
                     result = await self._execute(engine, logged)
                     self._stage_egress(writers, logged, result)
                     next_position = logged.position + 1
+                    if any(w.pending >= MAX_PENDING_EGRESS for w in writers.values()):
+                        await loop.run_in_executor(None, _commit_all, writers, next_position)
+                        last_commit = time.monotonic()
                 if time.monotonic() - last_commit >= config.egress_interval_ms / 1000:
                     await loop.run_in_executor(None, _commit_all, writers, next_position)
                     last_commit = time.monotonic()
+                ticker.after_poll(bool(epochs), expected_epoch - 1, bool(engine.carried))
             await loop.run_in_executor(None, _commit_all, writers, next_position)
         finally:
             poller.close()
+            ticker.close()
             for writer in writers.values():
                 writer.close()
             if peers is not None:
                 await peers.close()
+
+    def _open_egress(self, engine: Engine) -> dict[PartitionId, EgressWriter]:
+        """Open (and so fence) this worker's egress writers, then learn where each resumes."""
+        config = self.config
+        writers = {
+            p: EgressWriter(self.clients, self.app.name, p, config.partitions,
+                            config.transaction_timeout_ms)
+            for p in engine.partitions
+        }  # fmt: skip
+        state = read_egress_state(self.clients, self.app.name)
+        if state.layout is None or state.layout.partitions != config.partitions:
+            raise ConfigError(
+                "the egress layout differs from this worker's partition count: start the "
+                "cluster with `epochal run`, which moves egress to a new count first",
+                partitions=config.partitions,
+                layout=state.layout.partitions if state.layout else None,
+            )
+        for partition, writer in writers.items():
+            writer.covered = state.start(partition)
+        return writers
 
     async def _execute(self, engine: Engine, logged: LoggedEpoch) -> EpochResult:
         record = logged.record
@@ -157,3 +190,50 @@ class Worker:
 def _commit_all(writers: dict[PartitionId, EgressWriter], next_position: int) -> None:
     for writer in writers.values():
         writer.commit(next_position)
+
+
+def _follows(logged: LoggedEpoch, expected: int) -> int:
+    """The epoch after ``logged``, if ``logged`` is the epoch expected; else refuse it."""
+    if logged.record.epoch != expected:
+        raise LogError(
+            "the command log holds an epoch out of sequence (did two sequencers write it?)",
+            epoch=logged.record.epoch, expected=expected, offset=logged.position,
+        )  # fmt: skip
+    return expected + 1
+
+
+class _InteriorTicker:
+    """Asks the sequencer for an epoch when interior transactions wait and the input is idle.
+
+    Interior transactions emitted in epoch e run at the start of e+1; the sequencer logs an
+    epoch only when something arrives. Worker 0 (every worker derives the same pending set)
+    sends one tick per epoch: a request with an empty handler name, which the sequencer turns
+    into an epoch without transactions.
+    """
+
+    def __init__(self, clients: KafkaClients, app: App, config: WorkerConfig) -> None:
+        self.enabled = config.worker == 0
+        self.after_s = config.interior_tick_ms / 1000
+        self.topic = app.topics.requests
+        self.clients = clients
+        self._producer: Any = None
+        self._last_epoch_at = time.monotonic()
+        self._ticked: int | None = None
+
+    def after_poll(self, got_epochs: bool, last_epoch: int, pending: bool) -> None:
+        now = time.monotonic()
+        if got_epochs:
+            self._last_epoch_at = now
+        if not (self.enabled and pending) or self._ticked == last_epoch:
+            return
+        if now - self._last_epoch_at < self.after_s:
+            return
+        if self._producer is None:
+            self._producer = self.clients.producer(**{"enable.idempotence": True})
+        self._producer.produce(self.topic, encode(ClientRequest.tick(last_epoch)))
+        self._producer.flush(10)
+        self._ticked = last_epoch
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(5)

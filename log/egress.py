@@ -1,56 +1,166 @@
-"""Exactly-once egress: one transactional producer per partition.
+"""Exactly-once egress: one transactional producer per partition, positions that never expire.
 
-Partition p produces under the stable transactional id ``<app>.egress.<p>`` and commits, in the
-same Kafka transaction, the command-log position it has covered (as the offset of the group
-``<app>.egress.<p>``). A restarted partition replays silently up to that position and produces
-only after it; a zombie with the same id is fenced by ``init_transactions``. One transaction may
-span many epochs: fewer commits, and egress is released when it commits (DESIGN §2.4, §2.6).
+Partition p produces under the stable transactional id ``<app>.egress.<p>``. Each of its Kafka
+transactions holds its egress records and one :class:`EgressPosition` record (key
+``writer:<p>``) on the compacted topic ``<app>.egress-positions``: the command-log position the
+transaction covers. The position is exactly as durable as the egress it describes and, unlike a
+consumer group's offsets, Kafka never expires it (DESIGN §2.4, §2.9). A restarted partition
+replays silently up to its position and produces only after it; a zombie with the same id is
+fenced by ``init_transactions``, which also aborts its open transaction. One transaction may span
+many epochs: fewer commits, and egress is released when it commits (DESIGN §2.6).
+
+Which partition reports a transaction depends on the partition count, so a change of it must
+not change who is responsible for an output already decided: an :class:`EgressLayout` record
+says since which position the current count applies (``actors/egress.py`` moves a cluster from
+one layout to another).
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
 
-from confluent_kafka import OFFSET_INVALID, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 
+from epochal.errors import LogError
 from epochal.log.client import KafkaClients, translate_kafka_error
 from epochal.log.topics import TopicNames
+from epochal.schemas.codec import decode, encode
+from epochal.schemas.egress import EgressLayout, EgressPosition
 
-__all__ = ["EgressWriter"]
+__all__ = [
+    "POSITIONS_TOPIC_CONFIG",
+    "EgressState",
+    "EgressWriter",
+    "ensure_positions_topic",
+    "read_egress_state",
+    "write_layout",
+]
 
 logger = logging.getLogger(__name__)
+
+POSITIONS_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",  # the latest record per key, forever
+    "min.cleanable.dirty.ratio": "0.1",
+    "segment.ms": str(10 * 60 * 1000),  # compaction only cleans closed segments
+}
+_LAYOUT_KEY = b"layout"
+
+
+def _writer_key(partition: int) -> bytes:
+    return f"writer:{partition}".encode()
+
+
+def ensure_positions_topic(clients: KafkaClients, app: str) -> None:
+    clients.create_topics(
+        [TopicNames(app).egress_positions], partitions=1, config=POSITIONS_TOPIC_CONFIG
+    )
+
+
+@dataclass(frozen=True)
+class EgressState:
+    """The layout in force and the latest position of every writer that ever committed."""
+
+    layout: EgressLayout | None
+    positions: dict[int, EgressPosition]
+
+    def start(self, partition: int) -> int:
+        """Where writer ``partition`` of the current layout resumes: nothing before it is due."""
+        begin = self.layout.start if self.layout is not None else 0
+        own = self.positions.get(partition)
+        return max(begin, own.position if own is not None else 0)
+
+
+def read_egress_state(
+    clients: KafkaClients, app: str, committed: bool = True, timeout_s: float = 60.0
+) -> EgressState:
+    """Read ``<app>.egress-positions`` to its end.
+
+    With ``committed`` (the default) only committed transactions count; a zombie's open
+    transaction holds the read back until its writer is fenced or the transaction times out,
+    so open (and fence) this process's writers first.
+    """
+    topic = TopicNames(app).egress_positions
+    end = clients.end_offset(topic)
+    layout: EgressLayout | None = None
+    positions: dict[int, EgressPosition] = {}
+    if end == 0:
+        return EgressState(None, positions)
+    isolation = "read_committed" if committed else "read_uncommitted"
+    consumer = clients.assigned_consumer(topic, {0: 0}, **{"isolation.level": isolation})
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            for message in consumer.consume(10_000, 0.2):
+                if message.error() is not None:
+                    raise clients.consume_error(message, "reading egress positions failed")
+                key, value = message.key(), message.value() or b""
+                if key == _LAYOUT_KEY:
+                    layout = decode(value, EgressLayout)
+                elif key is not None and key.startswith(b"writer:"):
+                    position = decode(value, EgressPosition)
+                    positions[position.partition] = position
+            (done,) = consumer.position([TopicPartition(topic, 0)])
+            if done.offset >= end:
+                return EgressState(layout, positions)
+            if time.monotonic() > deadline:
+                raise LogError(
+                    "egress positions could not be read to their end (an open transaction of "
+                    "an unfenced writer?)", topic=topic, end=end, reached=done.offset,
+                )  # fmt: skip
+    finally:
+        consumer.close()
+
+
+def write_layout(clients: KafkaClients, app: str, layout: EgressLayout) -> None:
+    """Record that egress is written by ``layout.partitions`` writers from ``layout.start`` on."""
+    producer = clients.producer(**{"enable.idempotence": True, "acks": "all"})
+    producer.produce(TopicNames(app).egress_positions, encode(layout), _LAYOUT_KEY)
+    if producer.flush(30) != 0:
+        raise LogError("cannot write the egress layout", app=app)
+    logger.info("egress layout app=%s partitions=%d start=%d", app, layout.partitions, layout.start)
 
 
 class EgressWriter:
     """Buffers one partition's egress records and commits them with the position they cover.
 
-    >>> writer = EgressWriter(clients, "bank", partition=3)
+    >>> writer = EgressWriter(clients, "bank", partition=3, partitions=4, start=state.start(3))
     >>> writer.add("bank.out.receipts", value); writer.commit(next_position=42)
     """
 
     def __init__(
-        self, clients: KafkaClients, app: str, partition: int, transaction_timeout_ms: int = 10_000
+        self,
+        clients: KafkaClients,
+        app: str,
+        partition: int,
+        partitions: int,
+        transaction_timeout_ms: int = 10_000,
     ) -> None:
         names = TopicNames(app)
-        self.command_log = names.command_log
-        self.group = f"{app}.egress.{partition}"
-        self._consumer = clients.consumer(**{"group.id": self.group})
-        self._producer = clients.producer(**{
-            "transactional.id": self.group,
+        self.positions_topic = names.egress_positions
+        self.partition = partition
+        self.partitions = partitions
+        self.transactional_id = f"{app}.egress.{partition}"
+        self._producer: Producer = clients.producer(**{
+            "transactional.id": self.transactional_id,
             "transaction.timeout.ms": transaction_timeout_ms,
             "linger.ms": 5,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 1_000_000,
         })  # fmt: skip
         try:
             self._producer.init_transactions(30)  # fences the previous incarnation
         except KafkaException as exc:
-            raise translate_kafka_error(exc, "cannot start egress", group=self.group) from exc
+            raise translate_kafka_error(
+                exc, "cannot start egress", transactional_id=self.transactional_id
+            ) from exc
         self._pending: list[tuple[str, bytes]] = []
-        self.covered = self._committed()
+        self.covered = 0  # set from read_egress_state once every writer of the process is open
 
-    def _committed(self) -> int:
-        """The command-log position this partition's egress already covers."""
-        (tp,) = self._consumer.committed([TopicPartition(self.command_log, 0)], timeout=10)
-        return 0 if tp.offset == OFFSET_INVALID else int(tp.offset)
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
 
     def add(self, topic: str, value: bytes) -> None:
         self._pending.append((topic, value))
@@ -59,19 +169,29 @@ class EgressWriter:
         """Produce what is pending and record ``next_position`` as covered, atomically."""
         if next_position <= self.covered and not self._pending:
             return
+        position = EgressPosition(self.partition, self.partitions, next_position)
         try:
             self._producer.begin_transaction()
             for topic, value in self._pending:
-                self._producer.produce(topic, value)
-            offsets = [TopicPartition(self.command_log, 0, next_position)]
-            metadata = self._consumer.consumer_group_metadata()
-            self._producer.send_offsets_to_transaction(offsets, metadata, 30)
-            self._producer.commit_transaction(30)
+                self._produce(topic, value)
+            self._produce(self.positions_topic, encode(position), _writer_key(self.partition))
+            self._producer.commit_transaction(60)
         except KafkaException as exc:
-            raise translate_kafka_error(exc, "egress commit failed", group=self.group) from exc
+            raise translate_kafka_error(
+                exc, "egress commit failed", transactional_id=self.transactional_id
+            ) from exc
         self._pending.clear()
         self.covered = next_position
 
+    def _produce(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        """Produce, waiting for room when the local queue is full (a backlog drains, never
+        fails: librdkafka's queue is bounded, a commit may hold more records than it)."""
+        while True:
+            try:
+                self._producer.produce(topic, value, key)
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+
     def close(self) -> None:
         self._producer.flush(5)
-        self._consumer.close()

@@ -34,3 +34,8 @@ class TopicNames:
     @property
     def dead_letters(self) -> str:
         return f"{self.app}.dlq"
+
+    @property
+    def egress_positions(self) -> str:
+        """Compacted: how far each egress writer has released egress (``log/egress.py``)."""
+        return f"{self.app}.egress-positions"

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["EgressRecord"]
+from epochal.schemas.commands import InputPosition
+
+__all__ = ["EgressLayout", "EgressPosition", "EgressRecord"]
 
 
 class EgressRecord(msgspec.Struct, frozen=True):
     """One output of a transaction, with its timestamp ``(epoch, seq)`` and outcome.
 
     ``value`` is the msgpack of the record the handler produced; for an aborted transaction that
-    reports to an egress topic it is empty and ``reason`` says why.
+    reports to an egress topic it is empty and ``reason`` says why. ``source`` is the input
+    record the transaction came from (topic, partition, offset) and ``request_id`` the client's
+    idempotency key for a client transaction; an interior transaction carries those of the input
+    that started its chain.
     """
 
     epoch: int
@@ -20,3 +25,31 @@ class EgressRecord(msgspec.Struct, frozen=True):
     committed: bool
     value: bytes = b""
     reason: str = ""
+    source: InputPosition | None = None
+    request_id: str = ""
+
+
+class EgressPosition(msgspec.Struct, frozen=True):
+    """How far one egress writer (partition ``partition`` of a layout of ``partitions``) has
+    released egress: every output of an epoch before command-log ``position`` is out.
+
+    Committed in the same Kafka transaction as the egress records themselves, to the compacted
+    topic ``<app>.egress-positions`` (key ``writer:<partition>``): it is exactly as durable as
+    the egress, and never expires the way consumer-group offsets do.
+    """
+
+    partition: int
+    partitions: int
+    position: int
+
+
+class EgressLayout(msgspec.Struct, frozen=True):
+    """Since command-log position ``start``, egress is written by ``partitions`` writers.
+
+    Written (key ``layout``) when the partition count changes, once every writer of the old
+    layout has released everything before ``start``; a writer of the new layout starts at
+    ``max(start, its own position)``.
+    """
+
+    partitions: int
+    start: int

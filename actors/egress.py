@@ -1,0 +1,127 @@
+"""What a cluster releases to egress topics, and how it changes its partition count without
+writing an output twice or never.
+
+The partition that reports a transaction (the lowest one among its keys' owners) depends on the
+partition count, and each partition's writer knows how far it has released egress
+(``log/egress.py``). With another count, the new reporter of an old transaction could not know
+whether the old one released it. So before workers of a new count start,
+:func:`prepare_egress` finishes the old layout: it replays the command log in this process,
+releases through each old writer what it had not yet released, up to the log's end, and only
+then records the new layout as starting there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from epochal.actors.api import App
+from epochal.actors.engine import Engine
+from epochal.actors.outcome import TxnOutcome
+from epochal.actors.plan import ensure_same_code
+from epochal.log.client import KafkaClients
+from epochal.log.command_log import KafkaCommandLog
+from epochal.log.egress import (
+    EgressWriter,
+    ensure_positions_topic,
+    read_egress_state,
+    write_layout,
+)
+from epochal.schemas.codec import encode
+from epochal.schemas.egress import EgressLayout, EgressRecord
+
+__all__ = ["MAX_PENDING_EGRESS", "egress_records", "prepare_egress"]
+
+logger = logging.getLogger(__name__)
+
+MAX_PENDING_EGRESS = 50_000
+"""A writer commits once it holds this many records, whatever the interval: a backlog drains in
+bounded transactions instead of filling the producer's queue."""
+
+
+def egress_records(app: App, outcome: TxnOutcome) -> list[tuple[str, bytes]]:
+    """(topic, value) of what one reported outcome writes to egress topics."""
+    o = outcome
+    if o.committed:
+        return [
+            (app.topics.egress(name), encode(EgressRecord(o.epoch, o.seq, o.handler, True, value,
+                                                          "", o.source, o.request_id)))
+            for name, value in o.egress
+        ]  # fmt: skip
+    aborts_to = app.handlers[o.handler].aborts_to
+    if aborts_to is None:
+        return []
+    record = EgressRecord(o.epoch, o.seq, o.handler, False, b"", o.reason, o.source, o.request_id)
+    return [(app.topics.egress(aborts_to), encode(record))]
+
+
+def prepare_egress(
+    app: App,
+    clients: KafkaClients,
+    partitions: int,
+    allow_code_change: bool = False,
+    on_epoch: Callable[[int], None] = lambda position: None,
+) -> EgressLayout:
+    """Make ``partitions`` the egress layout before the workers start (the supervisor's job)."""
+    ensure_positions_topic(clients, app.name)
+    seen = read_egress_state(clients, app.name, committed=False)  # the layout is not transactional
+    if seen.layout is None and not seen.positions:
+        layout = EgressLayout(partitions, 0)  # a new app
+    elif seen.layout is not None and seen.layout.partitions == partitions:
+        return seen.layout
+    else:
+        old = seen.layout.partitions if seen.layout else max(seen.positions) + 1
+        logger.info("egress layout changes app=%s from=%d to=%d", app.name, old, partitions)
+        end = _finish_layout(app, clients, old, allow_code_change, on_epoch)
+        layout = EgressLayout(partitions, end)
+    write_layout(clients, app.name, layout)
+    return layout
+
+
+def _finish_layout(
+    app: App,
+    clients: KafkaClients,
+    partitions: int,
+    allow_code_change: bool,
+    on_epoch: Callable[[int], None],
+) -> int:
+    """Release through every writer of a ``partitions`` layout all it owes up to the log's end."""
+    writers = [EgressWriter(clients, app.name, p, partitions) for p in range(partitions)]
+    try:
+        state = read_egress_state(clients, app.name)  # after the writers fenced their zombies
+        for writer in writers:
+            writer.covered = state.start(writer.partition)
+        end = clients.end_offset(app.topics.command_log)
+        if min(w.covered for w in writers) < end:
+            asyncio.run(_release(app, clients, writers, allow_code_change, on_epoch))
+        for writer in writers:
+            writer.commit(max(end, writer.covered))
+        return end
+    finally:
+        for writer in writers:
+            writer.close()
+
+
+async def _release(
+    app: App,
+    clients: KafkaClients,
+    writers: list[EgressWriter],
+    allow_code_change: bool,
+    on_epoch: Callable[[int], None],
+) -> None:
+    engine = Engine(app, len(writers), track_digest=False)  # every partition in this process
+    code_hash = app.code_hash()
+    for logged in KafkaCommandLog(clients, app.topics.command_log).epochs(to_end=True):
+        ensure_same_code(logged.record, code_hash, allow_code_change)
+        result = await engine.run_epoch(logged.record)
+        for partition, outcomes in result.by_partition.items():
+            writer = writers[partition]
+            if logged.position < writer.covered:
+                continue  # this writer released it before
+            for outcome in outcomes:
+                for topic, value in egress_records(app, outcome):
+                    writer.add(topic, value)
+            if writer.pending >= MAX_PENDING_EGRESS:
+                writer.commit(logged.position + 1)
+        on_epoch(logged.position)

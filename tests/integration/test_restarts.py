@@ -1,0 +1,141 @@
+"""An app stopped (or killed) and restarted — with another partition count, without the
+sequencer's consumer-group offsets — applies each input once and writes each egress record once.
+
+Egress positions live in ``<app>.egress-positions``, committed with the egress itself; a new
+partition count first finishes the old layout's egress (``actors/egress.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+
+from epochal.actors.egress import prepare_egress
+from epochal.actors.engine import LocalEngine
+from epochal.log.client import KafkaClients
+from epochal.log.command_log import chunk_epoch
+from epochal.log.egress import EgressWriter, read_egress_state, write_layout
+from epochal.schemas.codec import decode
+from epochal.schemas.egress import EgressLayout, EgressRecord
+from tests.integration.cluster import Cluster, gone, wait_until
+from tests.unit.actors.workload import Deposit, Transfer, app, command_log
+
+pytestmark = pytest.mark.integration
+
+
+def test_restarts_with_other_partition_counts_and_no_group_offsets_repeat_nothing(
+    cluster: Cluster,
+) -> None:
+    cluster.start(workers=1, partitions=2)
+    cluster.produce(4000, deposits=True)
+    wait_until(lambda: len(cluster.egress()) > 200, 60, "no egress yet", log=cluster.log)
+    status = cluster.status()  # killed mid-way: the two writers stand at different positions
+    children = [int(status["sequencer"]), *(int(w) for w in status["workers"])]
+    os.kill(int(status["supervisor"]), signal.SIGKILL)
+    cluster.processes[-1].wait(10)
+    wait_until(lambda: all(gone(pid) for pid in children), 5, "children outlived the supervisor")
+    cluster.produce(500)  # input arrives while the app is down
+
+    cluster.start(workers=2, partitions=4)  # another count: the old layout is finished first
+    cluster.produce(300)
+    cluster.check_against_the_oracle()
+    cluster.stop()
+
+    # Kafka expires the offsets of groups that never join; the command log is the truth
+    admin = cluster.kafka.admin()
+    for future in admin.delete_consumer_groups([f"{cluster.name}.sequencer"]).values():
+        future.result(30)
+    cluster.produce(300)
+    cluster.start(workers=1, partitions=3)
+    cluster.produce(200)
+    cluster.check_against_the_oracle()
+    cluster.stop()
+    layout = read_egress_state(cluster.kafka, cluster.name).layout
+    assert layout is not None and layout.partitions == 3
+
+
+def test_a_new_layout_first_releases_exactly_what_each_old_writer_still_owed(
+    kafka: KafkaClients,
+) -> None:
+    """Writers of a 2-partition layout stopped at different positions; moving to 4 partitions
+    releases, through each old writer, its outputs from its own position on, and nothing else."""
+    test_app = dataclasses.replace(app, name=f"lay{uuid.uuid4().hex[:8]}")
+    topics = test_app.topics
+    opening = [[Deposit(a, 100) for a in range(40)]]
+    transfers = [[Transfer(a, (a * 7 + e) % 40, 20 + e) for a in range(40)] for e in range(6)]
+    records = command_log(opening + transfers)
+    kafka.create_topics([topics.command_log, topics.egress("receipts"), topics.egress("errors")])
+    producer = Producer({"bootstrap.servers": kafka.config.bootstrap_servers})
+    positions: list[int] = []
+    for record in records:
+        for chunk in chunk_epoch(record, chunk_bytes=400):  # several chunks per epoch
+            producer.produce(topics.command_log, chunk)
+        producer.flush(30)
+        positions.append(kafka.end_offset(topics.command_log) - 1)  # its final chunk
+    end = kafka.end_offset(topics.command_log)
+
+    prepare_egress(test_app, kafka, 2)  # a new app: layout (2, 0)
+    owed = {0: positions[2] + 1, 1: positions[5] + 1}  # where each writer had stopped
+    for partition, position in owed.items():
+        writer = EgressWriter(kafka, test_app.name, partition, 2)
+        writer.commit(position)
+        writer.close()
+
+    layout = prepare_egress(test_app, kafka, 4)
+    assert layout == EgressLayout(4, end)
+
+    results = asyncio.run(LocalEngine(test_app, 2).run(records))  # who reported what, 2 writers
+    expected = set()
+    for position, result in zip(positions, results, strict=True):
+        for partition, outcomes in result.by_partition.items():
+            if position >= owed[partition]:
+                expected |= {(o.epoch, o.seq) for o in outcomes if o.handler == "transfer"}
+    released = [(r.epoch, r.seq) for r in _egress(kafka, test_app.name)]
+    assert len(released) == len(set(released))
+    assert set(released) == expected and expected
+
+    state = read_egress_state(kafka, test_app.name)
+    assert all(state.start(p) == end for p in range(4))
+    assert prepare_egress(test_app, kafka, 4) == layout  # nothing more to do
+    write_layout(kafka, test_app.name, layout)  # idempotent: the same record again
+    assert len(_egress(kafka, test_app.name)) == len(released)
+
+
+def _egress(kafka: KafkaClients, name: str) -> list[EgressRecord]:
+    out: list[EgressRecord] = []
+    for suffix in ("receipts", "errors"):
+        consumer = kafka.assigned_consumer(
+            f"{name}.out.{suffix}", {0: 0}, **{"isolation.level": "read_committed"}
+        )
+        deadline = time.monotonic() + 5
+        while batch := consumer.consume(10_000, 1.0):
+            out += [decode(m.value() or b"", EgressRecord) for m in batch if m.error() is None]
+            if time.monotonic() > deadline:
+                break
+        consumer.close()
+    return out
+
+
+def test_a_command_log_truncated_anyway_stops_the_cluster_naming_what_is_missing(
+    cluster: Cluster,
+) -> None:
+    cluster.start(workers=1, partitions=2)
+    cluster.produce(200, deposits=True)
+    assert len(cluster.wait_for_egress()) == cluster.transfers
+    cluster.stop()
+    admin = cluster.kafka.admin()
+    command_log = TopicPartition(f"{cluster.name}.cmd", 0, 3)
+    admin.delete_records([command_log])[command_log].result(30)  # Kafka's retention, say
+
+    cluster.start(workers=1, partitions=2)
+    assert cluster.processes[-1].wait(60) == 1  # stops: no restart can bring records back
+    log = cluster.log()
+    assert "cannot go on" in log
+    assert f"topic={cluster.name}.cmd, partition=0" in log and "missing=0..2" in log
