@@ -2,22 +2,31 @@
 
 Deposits and transfers are produced first (so that the producer does not compete for the two
 cores), then ``epochal run examples.bank.app:app`` is started and the benchmark counts the
-transfers' egress records (receipts and abort reports, ``read_committed``) until all are out.
-Throughput = transfers / (time of the last egress record - time of the first one); each
-configuration runs ``--repeats`` times, interleaved, and the median is reported.
+transfers' egress records (receipts and abort reports, ``read_committed``) until all are out:
+every run drains a backlog. Throughput = transfers / (time of the last egress record - time of
+the first one); each configuration runs ``--repeats`` times, interleaved, and the median is
+reported, with the rollbacks each run needed (its last generation - 1) and the peak memory
+(RSS) of its supervisor, sequencer and workers, sampled every second.
 
     python -m bench.bank --transfers 200000 --workers 1 2
+    python -m bench.bank --transfers 100000 --workers 1 --checkouts ../baseline .   # before/after
+    python -m bench.bank --transfers 1000000 --workers 1 --repeats 1               # a big backlog
+
+``--checkouts`` runs the cluster of each given checkout of epochal (its package and examples),
+interleaved with the others, to compare two versions side by side on one broker.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -79,9 +88,49 @@ def _count_egress(
     return first, last
 
 
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class _Sampler(threading.Thread):
+    """Samples the RSS of a run's processes (from its status file) every second."""
+
+    def __init__(self, status_file: Path) -> None:
+        super().__init__(daemon=True)
+        self.status_file = status_file
+        self.peak: dict[str, float] = {}
+        self.generation = 0
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(1.0):
+            try:
+                status = json.loads(self.status_file.read_text())
+            except (OSError, ValueError):
+                continue
+            self.generation = int(status.get("generation", 0))
+            roles = {"supervisor": status["supervisor"], "sequencer": status["sequencer"]}
+            roles |= {f"worker{w}": pid for w, pid in enumerate(status["workers"])}
+            for role, pid in roles.items():
+                if pid:
+                    self.peak[role] = max(self.peak.get(role, 0.0), _rss_mb(int(pid)))
+
+
 def run_once(
-    bootstrap: str, workers: int, transfers: int, accounts: int, port_base: int
-) -> dict[str, float]:
+    bootstrap: str,
+    workers: int,
+    transfers: int,
+    accounts: int,
+    port_base: int,
+    *,
+    checkout: Path = ROOT,
+) -> dict[str, Any]:
     name = f"bench{workers}w{uuid.uuid4().hex[:6]}"
     clients = KafkaClients(KafkaConfig(bootstrap))
     clients.create_topics([f"{name}.in.transfers"])
@@ -92,30 +141,43 @@ def run_once(
         "--bootstrap", bootstrap, "--workers", str(workers), "--partitions", str(2 * workers),
         "--port-base", str(port_base), "--run-dir", str(run_dir),
     ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    sampler = _Sampler(run_dir / name / "processes.json")
     with open(run_dir / "run.log", "wb") as log:
         started = time.monotonic()
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        sampler.start()
         try:
             clients.create_topics([f"{name}.out.receipts", f"{name}.out.errors"])
             with Progress(console=console, transient=True) as progress:
                 first, last = _count_egress(clients, name, transfers, progress)
         finally:
+            sampler.stopping.set()
             process.send_signal(signal.SIGTERM)
             process.wait(60)
     return {
+        "checkout": str(checkout),
         "workers": workers,
         "partitions": 2 * workers,
         "transfers": transfers,
         "seconds": last - first,
         "tps": transfers / (last - first),
         "seconds_from_start": last - started,
+        "rollbacks": max(0, sampler.generation - 1),
+        "peak_rss_mb": sampler.peak,
     }
 
 
-def _median(workers: int, runs: list[dict[str, float]]) -> dict[str, Any]:
-    """The median run by throughput, with every run's throughput beside it."""
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median run by throughput, with every run's throughput and rollbacks beside it."""
     ordered = sorted(runs, key=lambda r: r["tps"])
-    return {**ordered[len(ordered) // 2], "tps_runs": [r["tps"] for r in runs], "workers": workers}
+    return {
+        **ordered[len(ordered) // 2],
+        "tps_runs": [r["tps"] for r in runs],
+        "rollbacks_runs": [r["rollbacks"] for r in runs],
+    }
 
 
 def main() -> int:
@@ -129,6 +191,10 @@ def main() -> int:
     )
     parser.add_argument("--port", type=int, default=19792, help="port of the local broker")
     parser.add_argument("--out", default="bench/results", help="where the JSON goes")
+    parser.add_argument(
+        "--checkouts", nargs="+", type=Path, default=[ROOT],
+        help="epochal checkouts whose clusters to compare (default: this one)",
+    )  # fmt: skip
     args = parser.parse_args()
 
     broker = None
@@ -141,28 +207,33 @@ def main() -> int:
         )
         broker.start()
         bootstrap = broker.config.bootstrap
+    configurations = [(c.resolve(), w) for c in args.checkouts for w in args.workers]
     try:
-        runs: dict[int, list[dict[str, float]]] = {w: [] for w in args.workers}
+        runs: dict[tuple[Path, int], list[dict[str, Any]]] = {c: [] for c in configurations}
         for repeat in range(args.repeats):  # interleaved, so drift hits every configuration
-            for i, w in enumerate(args.workers):
+            for i, (checkout, w) in enumerate(configurations):
                 port = 7700 + 10 * i + 100 * repeat
-                runs[w].append(run_once(bootstrap, w, args.transfers, args.accounts, port))
-        results = [_median(w, r) for w, r in runs.items()]
+                runs[checkout, w].append(
+                    run_once(bootstrap, w, args.transfers, args.accounts, port, checkout=checkout)
+                )
+        results = [_median(r) for r in runs.values()]
     finally:
         if broker is not None:
             broker.stop()
     table = Table(title=f"bank transfers end to end through Kafka ({args.transfers:,} transfers)")
-    for column in ("workers", "partitions", "seconds", "transactions/s (median)", "runs"):
+    columns = ("checkout", "workers", "partitions", "seconds", "transactions/s (median)", "ratio",
+               "runs", "rollbacks", "peak RSS MB")  # fmt: skip
+    for column in columns:
         table.add_column(column, justify="right")
     for r in results:
         runs_text = ", ".join(f"{t:,.0f}" for t in r["tps_runs"])
-        row = (str(r["workers"]), str(r["partitions"]), f"{r['seconds']:.2f}", f"{r['tps']:,.0f}")
-        table.add_row(*row, runs_text)
+        rss = ", ".join(f"{role} {mb:.0f}" for role, mb in sorted(r["peak_rss_mb"].items()))
+        table.add_row(
+            Path(r["checkout"]).name, str(r["workers"]), str(r["partitions"]),
+            f"{r['seconds']:.2f}", f"{r['tps']:,.0f}", f"{r['tps'] / results[0]['tps']:.2f}x",
+            runs_text, str(r["rollbacks_runs"]), rss,
+        )  # fmt: skip
     console.print(table)
-    if len(results) > 1:
-        first, last = results[0], results[-1]
-        ratio = last["tps"] / first["tps"]
-        console.print(f"ratio {ratio:.2f}x ({last['workers']} vs {first['workers']} workers)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {

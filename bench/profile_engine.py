@@ -1,6 +1,11 @@
-"""Profile the hot path without Kafka: sequencer ordering and epoch execution of bank transfers.
+"""The engine's hot path without Kafka: sequencer ordering and epoch execution of bank transfers.
 
-python -m bench.profile_engine --transfers 100000 --partitions 2
+    python -m bench.profile_engine --transfers 100000 --partitions 2          # rates + profile
+    python -m bench.profile_engine --checkouts ../baseline . --repeats 5      # side by side
+
+With ``--checkouts`` each repeat runs this script, unprofiled, once per checkout of epochal (its
+``epochal`` package, examples and sequencer), interleaved so that drift hits every checkout
+alike, and reports the median rates and their ratio to the first checkout.
 """
 
 from __future__ import annotations
@@ -8,8 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import json
+import os
 import pstats
+import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import msgspec
 
@@ -32,31 +43,69 @@ def _command_log(transfers: int, per_epoch: int) -> list[EpochRecord]:
     return records
 
 
+def measure(transfers: int, partitions: int, per_epoch: int, digest: bool) -> dict[str, float]:
+    """Records/s of ``order()`` and transactions/s of one engine, unprofiled."""
+    started = time.perf_counter()
+    log = _command_log(transfers, per_epoch)
+    ordered = time.perf_counter() - started
+    txns = sum(len(r.txns) for r in log)
+    engine = Engine(app, partitions, track_digest=digest)
+    started = time.perf_counter()
+    asyncio.run(engine.run(log))
+    return {"order_per_s": txns / ordered, "engine_tps": txns / (time.perf_counter() - started)}
+
+
+def _side_by_side(args: argparse.Namespace) -> None:
+    flags = ["--transfers", str(args.transfers), "--partitions", str(args.partitions),
+             "--per-epoch", str(args.per_epoch), "--json"]  # fmt: skip
+    runs: dict[str, list[dict[str, float]]] = {c: [] for c in args.checkouts}
+    for _ in range(args.repeats):
+        for checkout in args.checkouts:
+            root = str(Path(checkout).resolve())
+            env = {**os.environ, "PYTHONPATH": root, "PYTHONHASHSEED": "0"}
+            done = subprocess.run(
+                [sys.executable, __file__, *flags],
+                cwd=root, env=env, check=True, capture_output=True, text=True,
+            )  # fmt: skip
+            runs[checkout].append(json.loads(done.stdout.splitlines()[-1]))
+    first = statistics.median(r["engine_tps"] for r in runs[args.checkouts[0]])
+    for checkout, results in runs.items():
+        tps = [r["engine_tps"] for r in results]
+        order_rate = statistics.median(r["order_per_s"] for r in results)
+        median = statistics.median(tps)
+        runs_text = ", ".join(f"{t:,.0f}" for t in tps)
+        print(
+            f"{checkout}: engine {median:,.0f} tx/s (runs {runs_text}; ratio {median / first:.2f}x)"
+            f", order() {order_rate:,.0f} records/s"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transfers", type=int, default=100_000)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--per-epoch", type=int, default=2000)
     parser.add_argument("--digest", action="store_true", help="track state digests")
+    parser.add_argument("--checkouts", nargs="+", help="epochal checkouts to compare")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per checkout (median)")
+    parser.add_argument("--json", action="store_true", help="one unprofiled run, rates as JSON")
     args = parser.parse_args()
+    if args.checkouts:
+        _side_by_side(args)
+        return
+    if args.json:
+        print(json.dumps(measure(args.transfers, args.partitions, args.per_epoch, args.digest)))
+        return
 
-    started = time.perf_counter()
+    rates = measure(args.transfers, args.partitions, args.per_epoch, args.digest)
+    print(f"order(): {rates['order_per_s']:,.0f} records/s")
+    print(f"engine ({args.partitions} partitions, one process): {rates['engine_tps']:,.0f} tx/s")
     log = _command_log(args.transfers, args.per_epoch)
-    ordered = time.perf_counter() - started
-    txns = sum(len(r.txns) for r in log)
-    print(f"order(): {txns / ordered:,.0f} records/s")
-
     engine = Engine(app, args.partitions, track_digest=args.digest)
     profiler = cProfile.Profile()
-    started = time.perf_counter()
     profiler.enable()
     asyncio.run(engine.run(log))
     profiler.disable()
-    elapsed = time.perf_counter() - started
-    rate = txns / elapsed
-    print(
-        f"engine ({args.partitions} partitions, one process, profiled): {rate:,.0f} transactions/s"
-    )
     pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
 
 

@@ -8,6 +8,7 @@ from epochal.actors.context import Context
 from epochal.actors.windows import CountWindow, TimeWindow
 from epochal.config import (
     CacheConfig,
+    FailureConfig,
     KafkaConfig,
     LocalBrokerConfig,
     SequencerConfig,
@@ -27,6 +28,8 @@ from epochal.errors import (
     SnapshotMissingError,
     TransactionAborted,
 )
+from epochal.schemas.commands import DeadLetter
+from epochal.schemas.egress import EgressRecord
 
 __version__ = "0.1.0"
 
@@ -37,7 +40,10 @@ __all__ = [
     "ConfigError",
     "Context",
     "CountWindow",
+    "DeadLetter",
+    "EgressRecord",
     "EpochalError",
+    "FailureConfig",
     "KafkaConfig",
     "LocalBrokerConfig",
     "LocalBrokerError",

@@ -9,7 +9,8 @@ EXPORTED = {
     "BrokerUnavailableError", "CacheConfig", "ConfigError", "EpochalError", "KafkaConfig",
     "LocalBrokerConfig", "LocalBrokerError", "LogError", "LogTruncatedError", "QueryError",
     "RecoveryError", "SchemaError", "SnapshotMissingError", "SparkConfig", "TransactionAborted",
-    "SequencerConfig", "WorkerConfig", "__version__",
+    "SequencerConfig", "WorkerConfig", "FailureConfig", "EgressRecord", "DeadLetter",
+    "__version__",
 }  # fmt: skip
 
 
