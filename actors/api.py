@@ -32,7 +32,7 @@ from epochal.actors.code_hash import code_hash
 from epochal.errors import ConfigError, SchemaError, describe_exception
 from epochal.log.ordering import Routed
 from epochal.log.topics import TopicNames
-from epochal.schemas.canonical import canonical
+from epochal.schemas.canonical import Codec, codec_for
 from epochal.schemas.codec import decode
 from epochal.schemas.commands import ActorKey, KeyRef
 
@@ -53,6 +53,11 @@ class ActorType:
     key_type: type
     constraints: Mapping[str, Callable[[Any], bool]]
     key_sample: tuple[ActorKey, ...]
+    codec: Codec[Any] = field(init=False, repr=False, compare=False)
+    """How the state is made canonical, and decoded (:mod:`epochal.schemas.canonical`)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "codec", codec_for(self.state))
 
     def violated(self, value: Any) -> str | None:
         """The name of the first constraint ``value`` breaks, or None."""
@@ -73,6 +78,11 @@ class Handler:
     topic: str | None = None
     client: bool = False
     aborts_to: str | None = None
+    codec: Codec[Any] = field(init=False, repr=False, compare=False)
+    """How the event is made canonical, and decoded."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "codec", codec_for(self.event))
 
     @property
     def interior(self) -> bool:
@@ -92,6 +102,10 @@ class App:
     @property
     def topics(self) -> TopicNames:
         return TopicNames(self.name)
+
+    @property
+    def actor_types_by_class(self) -> Mapping[type, ActorType]:
+        return self._by_class
 
     def actor(
         self,
@@ -236,14 +250,14 @@ class App:
         return self._routed(handler, decode(event, handler.event))
 
     def _routed(self, handler: Handler, event: object) -> Routed:
-        """The logged form of a decoded event: its canonical bytes (what every worker decodes
-        again, so they must decode again) and the keys declared from the decoded value."""
+        """The logged form of an event just decoded with its schema: its canonical bytes (what
+        every worker decodes again) and the keys it declares."""
         try:
-            data, checked = canonical(event, handler.event)
+            data = handler.codec.encode_decoded(event)
         except SchemaError as exc:
             raise SchemaError(f"invalid event: {exc.message}", handler=handler.name) from exc
         try:
-            keys = self.declared_keys(handler, checked)
+            keys = self.declared_keys(handler, event)
         except (SchemaError, KeyboardInterrupt):
             raise
         except BaseException as exc:  # the user's key function failed: a dead letter, not a crash

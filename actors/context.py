@@ -19,6 +19,7 @@ transaction even if the handler catches the exception.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections.abc import Mapping
@@ -30,7 +31,6 @@ from epochal.actors.api import ActorType, App
 from epochal.actors.outcome import FATAL, Emitted, TxnOutcome
 from epochal.actors.plan import EpochClock, Invocation
 from epochal.errors import EpochalError, SchemaError, TransactionAborted, describe_exception
-from epochal.schemas.canonical import canonical, decode_canonical
 from epochal.schemas.codec import encode
 from epochal.schemas.commands import ActorKey, KeyRef
 
@@ -50,6 +50,11 @@ MAX_EGRESS_BYTES = 900_000
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
+@functools.lru_cache(maxsize=1024)
+def _valid_egress_name(name: str) -> bool:
+    return _TOPIC_NAME.fullmatch(name) is not None
+
+
 def _cut(reason: str) -> str:
     return reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 1] + "…"
 
@@ -64,6 +69,11 @@ class Context:
     Keys outside the declared set abort the transaction.
     """
 
+    __slots__ = (
+        "_checked", "_invocation", "_keys", "_now_ms", "_reads", "_rng", "_seed", "_types",
+        "_views", "_written", "app", "egressed", "emitted", "epoch", "handler", "seq", "violation",
+    )  # fmt: skip
+
     def __init__(
         self,
         app: App,
@@ -76,7 +86,8 @@ class Context:
         self.epoch = invocation.epoch
         self.seq = invocation.seq
         self._invocation = invocation
-        self._keys = frozenset(invocation.keys)
+        self._types = app.actor_types_by_class
+        self._keys = invocation.keys  # a few keys: a tuple is quicker to search than to hash
         self._reads = reads
         self._now_ms = clock.now_ms
         self._seed = clock.seed
@@ -95,9 +106,8 @@ class Context:
     # --- state ---------------------------------------------------------------------------
 
     def _ref(self, cls: type, key: ActorKey) -> tuple[KeyRef, ActorType]:
-        try:
-            actor_type = self.app.actor_type(cls)
-        except EpochalError:
+        actor_type = self._types.get(cls)
+        if actor_type is None:
             self._abort(f"not an actor type: {getattr(cls, '__name__', cls)!r}")
         if type(key) is not actor_type.key_type:
             self._abort(
@@ -113,11 +123,11 @@ class Context:
         return ref, actor_type
 
     def get(self, cls: type[S], key: ActorKey) -> S:
-        ref, _ = self._ref(cls, key)
+        ref, actor_type = self._ref(cls, key)
         view = self._views.get(ref)
         if view is None:
             data = self._written[ref] if ref in self._written else self._reads.get(ref)
-            view = cls() if data is None else decode_canonical(data, cls)
+            view = cls() if data is None else actor_type.codec.decode(data)
             self._views[ref] = view
         return view  # type: ignore[return-value]
 
@@ -130,7 +140,7 @@ class Context:
     def put(self, key: ActorKey, value: msgspec.Struct) -> None:
         ref, actor_type = self._ref(type(value), key)
         try:
-            data, checked = canonical(value, actor_type.state)
+            data, checked = actor_type.codec.canonical(value)
         except SchemaError as exc:
             self._abort(f"ill-typed value for {ref.actor_type}[{key!r}]: {exc.message}")
         self._written[ref] = data
@@ -177,7 +187,7 @@ class Context:
         except EpochalError:
             self._abort(f"no transaction handles the emitted {type(event).__name__}")
         try:
-            data, checked = canonical(event, handler.event)
+            data, checked = handler.codec.canonical(event)
         except SchemaError as exc:
             self._abort(f"ill-typed emitted {handler.event.__name__}: {exc.message}")
         try:
@@ -196,7 +206,7 @@ class Context:
 
     def egress(self, name: str, record: object) -> None:
         """Write ``record`` to ``<app>.out.<name>`` if, and when, this transaction commits."""
-        if not isinstance(name, str) or not _TOPIC_NAME.fullmatch(name):
+        if not (isinstance(name, str) and _valid_egress_name(name)):
             self._abort(f"egress name {name!r} is not a valid topic name suffix")
         try:
             data = encode(record)

@@ -17,7 +17,6 @@ import msgspec
 from epochal.actors.api import App, Handler
 from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.errors import RecoveryError
-from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.commands import EpochRecord, InputPosition, KeyRef, Origin
 
 __all__ = ["Emitted", "EpochClock", "Invocation", "emitted_by", "ensure_same_code", "plan_epoch"]
@@ -64,7 +63,7 @@ def emitted_by(outcomes: Iterable[TxnOutcome]) -> list[Emitted]:
 def _decoded(handler: Handler, data: bytes) -> tuple[object, str]:
     """The event, or the reason it no longer decodes (a log replayed under changed code)."""
     try:
-        return decode_canonical(data, handler.event), ""
+        return handler.codec.decode(data), ""
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         return None, f"event no longer decodes as {handler.event.__name__}: {exc}"
 

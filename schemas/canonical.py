@@ -23,14 +23,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import msgspec.inspect as mi
 
 from epochal.errors import SchemaError
 
-__all__ = ["MAX_NESTING", "canonical", "decode_canonical", "encode_canonical", "nesting_exceeds"]
+__all__ = [
+    "MAX_NESTING",
+    "Codec",
+    "canonical",
+    "codec_for",
+    "decode_canonical",
+    "encode_canonical",
+    "nesting_exceeds",
+]
 
 T = TypeVar("T")
 
@@ -38,7 +47,6 @@ MAX_NESTING = 100
 """Deepest nesting of containers accepted in an event or a state value (the value itself is 1)."""
 
 _encoder = msgspec.msgpack.Encoder()
-_decode_with: dict[Any, Any] = {}  # record type -> its msgpack decoder's bound decode method
 
 # decoding one of these never changes the value's msgpack form
 _EXACT = (
@@ -48,11 +56,65 @@ _CONTAINERS = (list, tuple, set, frozenset, dict)
 _NESTING = (msgspec.Struct, *_CONTAINERS)
 
 
-def _decoder(record_type: Any) -> Any:
-    decode = _decode_with.get(record_type)
-    if decode is None:
-        decode = _decode_with[record_type] = msgspec.msgpack.Decoder(record_type).decode
-    return decode
+class Codec(Generic[T]):
+    """The canonical form of one schema: its decoder, and what making a value canonical takes
+    (a walk for unbounded nesting, a re-encode where decoding may coerce), decided once.
+
+    >>> codec = codec_for(Account); data, value = codec.canonical(Account(5))
+    >>> codec.decode(data) == value
+    True
+    """
+
+    __slots__ = ("_reencode", "_walk", "decode", "type")
+
+    def __init__(self, record_type: type[T]) -> None:
+        self.type = record_type
+        self.decode: Callable[[bytes], T] = msgspec.msgpack.Decoder(record_type).decode
+        schema: Any = record_type  # types are hashable; mypy cannot see it through type[T]
+        depth, self._reencode = _shape(schema)
+        self._walk = depth is None or depth > MAX_NESTING
+
+    def encode_decoded(self, value: T) -> bytes:
+        """The canonical bytes of a value this schema's decoder just made (from JSON, say): it
+        is valid and coerced already, so only its nesting and its encoding are left to check."""
+        if self._walk and nesting_exceeds(value):
+            raise SchemaError(f"nested deeper than {MAX_NESTING} levels")
+        try:
+            return _encoder.encode(value)
+        except (TypeError, ValueError, OverflowError) as exc:  # an int wider than 64 bits
+            raise SchemaError(f"does not encode: {exc}") from exc
+
+    def canonical(self, value: object) -> tuple[bytes, T]:
+        """The canonical bytes of ``value`` and the value decoded from them.
+
+        Raises SchemaError saying what is wrong (with msgspec's path, e.g. ``$.balance``): a
+        value that does not encode, does not match the schema, or nests deeper than
+        :data:`MAX_NESTING`.
+        """
+        if self._walk and nesting_exceeds(value):
+            raise SchemaError(f"nested deeper than {MAX_NESTING} levels")
+        try:
+            data = _encoder.encode(value)
+        except (TypeError, ValueError, OverflowError) as exc:  # unencodable, int > 64 bits
+            raise SchemaError(f"does not encode: {exc}") from exc
+        try:
+            decoded = self.decode(data)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise SchemaError(str(exc)) from exc
+        if self._reencode:
+            data = _encoder.encode(decoded)
+        return data, decoded
+
+
+_codecs: dict[Any, Codec[Any]] = {}
+
+
+def codec_for(record_type: Any) -> Codec[Any]:
+    """The :class:`Codec` of a schema (one per type, built on first use)."""
+    codec = _codecs.get(record_type)
+    if codec is None:
+        codec = _codecs[record_type] = Codec(record_type)
+    return codec
 
 
 def encode_canonical(value: object) -> bytes:
@@ -62,8 +124,8 @@ def encode_canonical(value: object) -> bytes:
 
 def decode_canonical(data: bytes, record_type: type[T]) -> T:
     """A fresh value from canonical bytes (which were validated when they were made)."""
-    decode = _decode_with.get(record_type) or _decoder(record_type)
-    value: T = decode(data)
+    schema: Any = record_type
+    value: T = codec_for(schema).decode(data)
     return value
 
 
@@ -130,22 +192,7 @@ def nesting_exceeds(value: object, limit: int = MAX_NESTING) -> bool:
 
 
 def canonical(value: object, record_type: type[T]) -> tuple[bytes, T]:
-    """The canonical bytes of ``value`` as a ``record_type``, and the value decoded from them.
-
-    Raises SchemaError saying what is wrong (with msgspec's path, e.g. ``$.balance``): a value
-    that does not encode, does not match the schema, or nests deeper than :data:`MAX_NESTING`.
-    """
-    depth, changes = _shape(record_type)  # type: ignore[arg-type]
-    if (depth is None or depth > MAX_NESTING) and nesting_exceeds(value):
-        raise SchemaError(f"nested deeper than {MAX_NESTING} levels")
-    try:
-        data = _encoder.encode(value)
-    except (TypeError, ValueError, OverflowError) as exc:  # unencodable, int > 64 bits
-        raise SchemaError(f"does not encode: {exc}") from exc
-    try:
-        decoded: T = (_decode_with.get(record_type) or _decoder(record_type))(data)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise SchemaError(str(exc)) from exc
-    if changes:
-        data = _encoder.encode(decoded)
+    """``codec_for(record_type).canonical(value)``."""
+    schema: Any = record_type
+    data, decoded = codec_for(schema).canonical(value)
     return data, decoded
