@@ -44,6 +44,10 @@ __all__ = ["Worker"]
 
 logger = logging.getLogger(__name__)
 
+_POLL_CHUNKS = 16
+"""Command-log records decoded per poll: a backlog is read a few epochs at a time (librdkafka
+prefetches the rest), so a worker's memory does not grow with the backlog."""
+
 
 def abort_category(reason: str) -> str:
     """A label of few values for an abort reason: a broken rule of the contract, or the
@@ -117,7 +121,7 @@ class Worker:
             while not should_stop():
                 if peers is not None and peers.failed.done():
                     peers.failed.result()  # a peer lost while idle fails this worker now too
-                epochs = await loop.run_in_executor(None, poller.poll, 0.05)
+                epochs = await loop.run_in_executor(None, poller.poll, 0.05, _POLL_CHUNKS)
                 for logged in epochs:
                     expected_epoch = _follows(logged, expected_epoch)
                     result = await self._execute(engine, logged)
