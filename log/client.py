@@ -11,7 +11,8 @@ log no longer holds (deleted by retention or ``delete_records``) becomes a
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -77,6 +78,51 @@ class KafkaClients:
         consumer.assign([TopicPartition(topic, p, offset) for p, offset in offsets.items()])
         return consumer
 
+    def read_range(
+        self,
+        topic: str,
+        ranges: Mapping[int, tuple[int, int]],
+        what: str,
+        committed: bool = True,
+        stall_s: float = 30.0,
+    ) -> Iterator[Message]:
+        """The records of ``topic`` in ``{partition: (start, end)}`` (end not included), in
+        offset order per partition.
+
+        With ``committed``, aborted and open transactions are skipped, and an open one holds the
+        read back until it resolves: a reader waiting more than ``stall_s`` for a partition to
+        move on raises LogError (an unfenced zombie's transaction, say). A start the log no
+        longer holds raises LogTruncatedError.
+        """
+        pending = {p: bounds for p, bounds in ranges.items() if bounds[0] < bounds[1]}
+        if not pending:
+            return
+        settings = {"isolation.level": "read_committed" if committed else "read_uncommitted",
+                    "auto.offset.reset": "error"}  # fmt: skip
+        consumer = self.assigned_consumer(
+            topic, {p: start for p, (start, _) in pending.items()}, **settings
+        )
+        deadline = time.monotonic() + stall_s
+        try:
+            while pending:
+                messages = consumer.consume(num_messages=1000, timeout=0.2)
+                for message in messages:
+                    if message.error() is not None:
+                        raise self.consume_error(message, what)
+                    bounds = pending.get(message.partition() or 0)
+                    if bounds is not None and (message.offset() or 0) < bounds[1]:
+                        yield message
+                positions = consumer.position([TopicPartition(topic, p) for p in pending])
+                done = {tp.partition for tp in positions if tp.offset >= pending[tp.partition][1]}
+                if messages or done:
+                    deadline = time.monotonic() + stall_s
+                pending = {p: b for p, b in pending.items() if p not in done}
+                if pending and time.monotonic() > deadline:
+                    raise LogError(f"{what}: the records stopped arriving", topic=topic,
+                                   partitions=sorted(pending))  # fmt: skip
+        finally:
+            consumer.close()
+
     def end_offset(self, topic: str, partition: int = 0, timeout_s: float = 10.0) -> int:
         """The offset the next record of a partition will get (its high watermark)."""
         return self.watermarks(topic, partition, timeout_s)[1]
@@ -97,6 +143,12 @@ class KafkaClients:
         finally:
             consumer.close()
         return int(low), int(high)
+
+    def check_position(self, what: str, topic: str, partition: int, position: int) -> None:
+        """LogTruncatedError unless the partition still holds ``position`` onwards."""
+        low, high = self.watermarks(topic, partition)
+        if position < low or position > high:
+            raise truncated_error(what, topic, partition, position=position, low=low, high=high)
 
     def consume_error(self, message: Message, what: str) -> EpochalError:
         """Our error for a consumer's error event: a position out of range is a truncated log

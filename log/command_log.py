@@ -17,7 +17,6 @@ length.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -192,27 +191,13 @@ class KafkaCommandLog:
 
     def _last_in(self, start: int, end: int, timeout_s: float) -> LoggedEpoch | None:
         """The last complete epoch among the committed records of ``[start, end)``."""
-        if start >= end:
-            return None
-        consumer = self.clients.assigned_consumer(self.topic, {0: start}, **_READER)
         assembler, last = EpochAssembler(from_middle=True), None
-        deadline = time.monotonic() + timeout_s
-        try:
-            while consumer.position([TopicPartition(self.topic, 0)])[0].offset < end:
-                if time.monotonic() > deadline:
-                    raise LogError("the command log's tail stopped arriving", topic=self.topic,
-                                   start=start, end=end)  # fmt: skip
-                messages = consumer.consume(num_messages=500, timeout=0.2)
-                if messages:
-                    deadline = time.monotonic() + timeout_s
-                for message in messages:
-                    if message.error() is not None:
-                        raise self.clients.consume_error(message, "reading the command log")
-                    self.tail_records_read += 1
-                    offset = message.offset() or 0
-                    last = assembler.add(offset, message.value() or b"") or last
-        finally:
-            consumer.close()
+        records = self.clients.read_range(
+            self.topic, {0: (start, end)}, "reading the command log", stall_s=timeout_s
+        )
+        for message in records:
+            self.tail_records_read += 1
+            last = assembler.add(message.offset() or 0, message.value() or b"") or last
         return last
 
     def poller(self, start: int = 0) -> EpochPoller:

@@ -18,10 +18,9 @@ one layout to another).
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer
 
 from epochal.errors import LogError
 from epochal.log.client import KafkaClients, translate_kafka_error
@@ -82,35 +81,18 @@ def read_egress_state(
     so open (and fence) this process's writers first.
     """
     topic = TopicNames(app).egress_positions
-    end = clients.end_offset(topic)
     layout: EgressLayout | None = None
     positions: dict[int, EgressPosition] = {}
-    if end == 0:
-        return EgressState(None, positions)
-    isolation = "read_committed" if committed else "read_uncommitted"
-    consumer = clients.assigned_consumer(topic, {0: 0}, **{"isolation.level": isolation})
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            for message in consumer.consume(10_000, 0.2):
-                if message.error() is not None:
-                    raise clients.consume_error(message, "reading egress positions failed")
-                key, value = message.key(), message.value() or b""
-                if key == _LAYOUT_KEY:
-                    layout = decode(value, EgressLayout)
-                elif key is not None and key.startswith(b"writer:"):
-                    position = decode(value, EgressPosition)
-                    positions[position.partition] = position
-            (done,) = consumer.position([TopicPartition(topic, 0)])
-            if done.offset >= end:
-                return EgressState(layout, positions)
-            if time.monotonic() > deadline:
-                raise LogError(
-                    "egress positions could not be read to their end (an open transaction of "
-                    "an unfenced writer?)", topic=topic, end=end, reached=done.offset,
-                )  # fmt: skip
-    finally:
-        consumer.close()
+    end = clients.end_offset(topic)
+    for message in clients.read_range(topic, {0: (0, end)}, "reading egress positions",
+                                      committed, timeout_s):  # fmt: skip
+        key, value = message.key(), message.value() or b""
+        if key == _LAYOUT_KEY:
+            layout = decode(value, EgressLayout)
+        elif key is not None and key.startswith(b"writer:"):
+            position = decode(value, EgressPosition)
+            positions[position.partition] = position
+    return EgressState(layout, positions)
 
 
 def write_layout(clients: KafkaClients, app: str, layout: EgressLayout) -> None:

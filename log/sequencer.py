@@ -45,7 +45,7 @@ from confluent_kafka import (
 
 from epochal.config import SequencerConfig
 from epochal.errors import LogError
-from epochal.log.client import FOREVER, KafkaClients, translate_kafka_error, truncated_error
+from epochal.log.client import FOREVER, KafkaClients, translate_kafka_error
 from epochal.log.command_log import KafkaCommandLog, chunk_epoch
 from epochal.log.ordering import (
     EpochStamp,
@@ -201,18 +201,20 @@ class Sequencer:
         if not ends:
             return {}
         since = max(0, state.now_ms - self.config.request_id_window_ms)
-        consumer = self.clients.consumer(**{"isolation.level": "read_committed",
-                                            "auto.offset.reset": "error"})  # fmt: skip
+        consumer = self.clients.consumer()
         try:
             starts = consumer.offsets_for_times(
                 [TopicPartition(topic, p, since) for p in ends], timeout=_KAFKA_TIMEOUT_S
             )
-            assignment = [tp for tp in starts if 0 <= tp.offset < ends[tp.partition]]
-            return _read_requests(self.clients, consumer, assignment, ends)
         except KafkaException as exc:
             raise translate_kafka_error(exc, "cannot read recent requests", topic=topic) from exc
         finally:
             consumer.close()
+        ranges = {tp.partition: (tp.offset, ends[tp.partition]) for tp in starts if tp.offset >= 0}
+        seen: dict[str, int] = {}
+        for message in self.clients.read_range(topic, ranges, "reading recent requests"):
+            _note_request(seen, message)  # below the logged positions: sequenced already
+        return seen
 
     def _consumer(self, positions: Mapping[str, int]) -> Consumer:
         """Assigned (never subscribed) at the logged positions, after checking the log has them."""
@@ -230,7 +232,7 @@ class Sequencer:
                 for p in sorted(metadata.topics[topic].partitions):
                     offset = positions.get(position_key(topic, p))
                     if offset is not None:
-                        _check_position(consumer, topic, p, offset)
+                        self.clients.check_position("the sequencer cannot resume", topic, p, offset)
                     assignment.append(TopicPartition(topic, p, OFFSET_BEGINNING
                                                      if offset is None else offset))  # fmt: skip
             consumer.assign(assignment)
@@ -327,50 +329,6 @@ def _flush(producer: Producer) -> None:
 def _partition(key: str, offset: int) -> TopicPartition:
     topic, _, partition = key.rpartition(":")
     return TopicPartition(topic, int(partition), offset)
-
-
-def _check_position(consumer: Consumer, topic: str, partition: int, offset: int) -> None:
-    """LogTruncatedError unless the partition still holds the logged ``offset`` onwards."""
-    low, high = consumer.get_watermark_offsets(
-        TopicPartition(topic, partition), timeout=_KAFKA_TIMEOUT_S
-    )
-    if offset < low or offset > high:
-        raise truncated_error(
-            "the sequencer cannot resume", topic, partition, position=offset, low=low, high=high
-        )
-
-
-def _read_requests(
-    clients: KafkaClients,
-    consumer: Consumer,
-    assignment: list[TopicPartition],
-    ends: Mapping[int, int],
-) -> dict[str, int]:
-    """Request id → latest timestamp of the requests read from ``assignment`` below ``ends``."""
-    seen: dict[str, int] = {}
-    if not assignment:
-        return seen
-    consumer.assign(assignment)
-    topic = assignment[0].topic
-    pending = {tp.partition for tp in assignment}
-    deadline = time.monotonic() + _KAFKA_TIMEOUT_S
-    while pending:
-        if time.monotonic() > deadline:
-            raise LogError(
-                "recent requests stopped arriving", topic=topic, partitions=sorted(pending)
-            )
-        messages = consumer.consume(num_messages=1000, timeout=0.2)
-        if messages:
-            deadline = time.monotonic() + _KAFKA_TIMEOUT_S
-        for message in messages:
-            if message.error() is not None:
-                raise clients.consume_error(message, "reading recent requests")
-            partition, offset = message.partition() or 0, message.offset() or 0
-            if offset < ends[partition]:  # beyond: not sequenced yet, the run loop reads it
-                _note_request(seen, message)
-        positions = consumer.position([TopicPartition(topic, p) for p in pending])
-        pending = {tp.partition for tp in positions if tp.offset < ends[tp.partition]}
-    return seen
 
 
 def _note_request(seen: dict[str, int], message: Message) -> None:
