@@ -98,18 +98,22 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-class _Sampler(threading.Thread):
-    """Samples the RSS of a run's processes (from its status file) every second."""
+class RssSampler(threading.Thread):
+    """Samples the RSS of a run's processes (from its status file) every ``interval_s``: the
+    peak per role, and the whole series."""
 
-    def __init__(self, status_file: Path) -> None:
+    def __init__(self, status_file: Path, interval_s: float = 1.0) -> None:
         super().__init__(daemon=True)
         self.status_file = status_file
+        self.interval_s = interval_s
         self.peak: dict[str, float] = {}
+        self.series: list[tuple[float, dict[str, float]]] = []
         self.generation = 0
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        while not self.stopping.wait(1.0):
+        started = time.monotonic()
+        while not self.stopping.wait(self.interval_s):
             try:
                 status = json.loads(self.status_file.read_text())
             except (OSError, ValueError):
@@ -117,9 +121,10 @@ class _Sampler(threading.Thread):
             self.generation = int(status.get("generation", 0))
             roles = {"supervisor": status["supervisor"], "sequencer": status["sequencer"]}
             roles |= {f"worker{w}": pid for w, pid in enumerate(status["workers"])}
-            for role, pid in roles.items():
-                if pid:
-                    self.peak[role] = max(self.peak.get(role, 0.0), _rss_mb(int(pid)))
+            sample = {role: _rss_mb(int(pid)) for role, pid in roles.items() if pid}
+            self.series.append((time.monotonic() - started, sample))
+            for role, mb in sample.items():
+                self.peak[role] = max(self.peak.get(role, 0.0), mb)
 
 
 def run_once(
@@ -142,7 +147,7 @@ def run_once(
         "--port-base", str(port_base), "--run-dir", str(run_dir),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(checkout)}
-    sampler = _Sampler(run_dir / name / "processes.json")
+    sampler = RssSampler(run_dir / name / "processes.json")
     with open(run_dir / "run.log", "wb") as log:
         started = time.monotonic()
         process = subprocess.Popen(
