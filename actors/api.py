@@ -208,7 +208,8 @@ class App:
             for key in keys:
                 if type(key) is not actor_type.key_type:
                     raise SchemaError(
-                        f"key {key!r} of {actor_type.name} is not a {actor_type.key_type.__name__}",
+                        f"key {key!r} of {actor_type.name} has type {type(key).__name__}; "
+                        f"{actor_type.name} keys are {actor_type.key_type.__name__}",
                         handler=handler.name,
                     )
                 if not _loggable(key):

@@ -99,8 +99,8 @@ def _recurse(e: Any) -> Any:
         (_recurse, "key function failed: RecursionError"),
         (lambda e: {Slot: [2**70]}, "cannot be logged"),
         (lambda e: {Item: ["\ud800"]}, "cannot be logged"),
-        (lambda e: {Item: [1]}, "is not a str"),
-        (lambda e: {Slot: [True]}, "is not a int"),
+        (lambda e: {Item: [1]}, "has type int; Item keys are str"),
+        (lambda e: {Slot: [True]}, "has type bool; Slot keys are int"),
         (lambda e: 1 / 0, "key function failed: ZeroDivisionError"),
     ],
 )
