@@ -32,6 +32,7 @@ from epochal.actors.code_hash import code_hash
 from epochal.errors import ConfigError, SchemaError, describe_exception
 from epochal.log.ordering import Routed
 from epochal.log.topics import TopicNames
+from epochal.schemas.arrow import RESERVED_COLUMNS
 from epochal.schemas.canonical import Codec, codec_for
 from epochal.schemas.codec import decode
 from epochal.schemas.commands import ActorKey, KeyRef
@@ -129,6 +130,12 @@ class App:
                 ) from exc
             if key not in (str, int):
                 raise ConfigError("actor keys are str or int", actor_type=cls.__name__)
+            reserved = RESERVED_COLUMNS & {f.encode_name for f in msgspec.structs.fields(cls)}
+            if reserved:
+                raise ConfigError(
+                    f"fields named {sorted(reserved)} would clash with the snapshot tables' own "
+                    "columns: rename them", actor_type=cls.__name__,
+                )  # fmt: skip
             actor_type = ActorType(
                 name or cls.__name__, cls, key, dict(constraints or {}), tuple(sorted(key_sample))
             )

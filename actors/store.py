@@ -1,40 +1,134 @@
-"""The state one worker owns: canonical bytes per actor, and each partition's digest share.
+"""The state one worker owns: canonical bytes per actor, versioned by epoch since a floor.
 
 Values are the canonical msgpack of :mod:`epochal.schemas.canonical`: immutable, so nothing a
 handler holds can change the store, every participant of a transaction decodes the same bytes,
 reads go to other workers without re-encoding, and digests hash them directly.
+
+One versioned store serves both snapshots and consistent reads (ENGINE.md §3): for every actor
+written since the **floor** epoch the store keeps its value at the floor and at the end of each
+epoch that wrote it. A snapshot at epoch e takes the actors changed since the last snapshot —
+exactly those with versions — with their values at e and at the floor (their digest delta) in
+O(changed actors), then raises the floor to e. A read "as of epoch c", c >= floor, finds the last
+version at or before c (the query issue's ``COMMITTED`` reads hold the floor down while they run).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
-from epochal.actors.digest import DigestSum
+from epochal.actors.digest import DigestSum, item_hash
 from epochal.schemas.commands import KeyRef, PartitionId
 
-__all__ = ["StateStore"]
+__all__ = ["Change", "StateStore"]
+
+_Version = tuple[int, bytes | None]  # (epoch, value at its end; None: no actor)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """An actor changed since the floor: its partition, value then and value now."""
+
+    ref: KeyRef
+    partition: PartitionId
+    before: bytes | None
+    after: bytes | None
+
+    def digest_delta(self) -> int:
+        """What this change adds to the state digest (mod 2**256 when summed)."""
+        delta = 0
+        if self.before is not None:
+            delta -= item_hash(self.ref, self.before)
+        if self.after is not None:
+            delta += item_hash(self.ref, self.after)
+        return delta
 
 
 class StateStore:
-    """Actors of some partitions: ``values[ref]`` is canonical bytes; absent means no actor.
+    """Actors of some partitions: ``values[ref]`` is the newest canonical bytes (absent: no
+    actor), and the versions since ``floor`` for the actors written after it.
 
     >>> store = StateStore([PartitionId(0), PartitionId(1)])
-    >>> store.apply(KeyRef("Account", "a"), PartitionId(1), b"\\x81\\xa7balance\\x05")
+    >>> store.apply(KeyRef("Account", "a"), PartitionId(1), b"\\x81\\xa7balance\\x05", epoch=3)
     """
 
-    def __init__(self, partitions: Iterable[PartitionId], track_digest: bool = True) -> None:
+    def __init__(
+        self,
+        partitions: Iterable[PartitionId],
+        track_digest: bool = True,
+        versioned: bool = False,
+        floor: int = -1,
+    ) -> None:
         self.values: dict[KeyRef, bytes] = {}
+        self.versioned = versioned  # without snapshots nor readers, no version is ever needed
+        self.floor = floor
+        self._versions: dict[KeyRef, list[_Version]] = {}
+        self._partition_of: dict[KeyRef, PartitionId] = {}
         self.digests: dict[PartitionId, DigestSum] | None = (
             {p: DigestSum() for p in partitions} if track_digest else None
         )
 
-    def apply(self, ref: KeyRef, partition: PartitionId, value: bytes | None) -> None:
-        """Write (or delete, with None) one actor of ``partition``."""
+    def apply(self, ref: KeyRef, partition: PartitionId, value: bytes | None, epoch: int) -> None:
+        """Write (or delete, with None) one actor of ``partition`` in ``epoch``."""
         old = self.values.pop(ref, None) if value is None else self.values.get(ref)
         if value is not None:
             self.values[ref] = value
         if self.digests is not None:
             self.digests[partition].replace(ref, old, value)
+        if not self.versioned:
+            return
+        versions = self._versions.get(ref)
+        if versions is None:
+            self._versions[ref] = [(self.floor, old), (epoch, value)]
+            self._partition_of[ref] = partition
+        elif versions[-1][0] == epoch:
+            versions[-1] = (epoch, value)
+        else:
+            versions.append((epoch, value))
+
+    def load(self, ref: KeyRef, partition: PartitionId, value: bytes) -> None:
+        """Put an actor back as a snapshot had it (recovery): no version, it is the floor."""
+        self.values[ref] = value
+        if self.digests is not None:
+            self.digests[partition].replace(ref, None, value)
+
+    def value_at(self, ref: KeyRef, epoch: int) -> bytes | None:
+        """The actor's value at the end of ``epoch`` (which must not be below the floor)."""
+        versions = self._versions.get(ref)
+        if versions is None:
+            return self.values.get(ref)
+        value = versions[0][1]
+        for at, version in versions:
+            if at > epoch:
+                break
+            value = version
+        return value
+
+    def take_changes(self, epoch: int) -> list[Change]:
+        """The changes since the floor, for a snapshot at the end of ``epoch``; the floor rises
+        to ``epoch`` (O(changed actors): all a snapshot costs the event loop)."""
+        changes = list(self.changes())
+        self.raise_floor(epoch)
+        return changes
+
+    def changes(self) -> Iterator[Change]:
+        """Every actor changed since the floor, its value at the floor and now (the versions
+        are kept: call :meth:`raise_floor` once they are no longer needed)."""
+        for ref, versions in self._versions.items():
+            before, after = versions[0][1], versions[-1][1]
+            if before != after:
+                yield Change(ref, self._partition_of[ref], before, after)
+
+    def raise_floor(self, epoch: int) -> None:
+        """Forget versions before ``epoch`` that no reader needs any more (O(changed actors))."""
+        for ref in list(self._versions):
+            versions = self._versions[ref]
+            if versions[-1][0] <= epoch:
+                del self._versions[ref], self._partition_of[ref]
+            else:
+                keep = [v for v in versions if v[0] > epoch]
+                self._versions[ref] = [(epoch, self.value_at(ref, epoch)), *keep]
+        self.floor = epoch
 
     def items(self) -> Iterator[tuple[KeyRef, bytes]]:
         return iter(self.values.items())

@@ -181,3 +181,11 @@ def test_the_code_hash_covers_modules_the_handlers_import_and_library_versions(
     assert not any(name.startswith("epochal") for name in sources)
     (app_package / "fees.py").write_text("FEE = 2\n")  # only the helper changes
     assert _hash() != before
+
+
+def test_actor_fields_that_would_clash_with_snapshot_columns_are_refused() -> None:
+    class Clashing(msgspec.Struct):
+        _key: str = ""
+
+    with pytest.raises(ConfigError, match=r"\['_key'\] would clash"):
+        App("clash").actor(key=str)(Clashing)

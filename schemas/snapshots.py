@@ -1,0 +1,65 @@
+"""Snapshot records: what each worker reports of a snapshot, and the manifest row that makes it.
+
+A snapshot ``ssid`` is the state of every partition at the end of epoch ``ssid``. Each worker
+writes the changes of its partitions as Parquet files and reports them (:class:`SnapshotPart`);
+once every worker has, one committer adds them to the Delta tables and appends the
+:class:`Manifest` row **last**: no manifest row, no snapshot (DESIGN §2.5).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = ["ChangeFile", "Manifest", "SnapshotPart"]
+
+
+class ChangeFile(msgspec.Struct, frozen=True, array_like=True):
+    """A Parquet file of change rows, written into ``changes/<actor_type>`` but not committed."""
+
+    actor_type: str
+    path: str  # relative to the table's root
+    size: int
+    rows: int
+
+
+class SnapshotPart(msgspec.Struct, frozen=True):
+    """One worker's share of snapshot ``ssid``: its change files and what they add to the digest.
+
+    ``digest_delta`` is the change of the state digest its actors make, mod 2**256 (hex).
+    Worker 0 also tells where the log stood: the command-log position after the epoch, the
+    input positions, the epoch's time, and the interior transactions still to run.
+    """
+
+    ssid: int
+    worker: int
+    files: tuple[ChangeFile, ...]
+    digest_delta: str
+    changed: int
+    time_ms: int = 0
+    command_log_position: int = 0
+    input_positions: dict[str, int] = {}
+    carried: bytes = b""
+
+
+class Manifest(msgspec.Struct, frozen=True):
+    """One complete snapshot: ``<app>/snapshots`` holds a row per ssid.
+
+    ``state_versions`` / ``change_versions`` give, per actor type, the Delta version of
+    ``state/<type>`` and ``changes/<type>`` that holds this snapshot (a Delta version is not an
+    ssid: map one to the other here). ``actors`` counts each type's actors, ``digest`` is the
+    state digest (:mod:`epochal.actors.digest`), ``carried`` the interior transactions emitted
+    in the snapshot's epoch (msgpack), to run first after it.
+    """
+
+    ssid: int
+    epoch: int
+    time_ms: int
+    command_log_position: int
+    input_positions: dict[str, int]
+    state_versions: dict[str, int]
+    change_versions: dict[str, int]
+    actors: dict[str, int]
+    digest: str
+    carried: bytes
+    partitions: int
+    code_hash: str

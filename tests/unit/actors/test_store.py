@@ -1,0 +1,63 @@
+"""The versioned store: values as of any epoch since the floor, the changes a snapshot takes
+(O(changed actors)), and digest deltas that add up to the state's digest."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from epochal.actors.digest import DigestSum, state_digest
+from epochal.actors.store import StateStore
+from epochal.schemas.commands import KeyRef, PartitionId
+
+P = PartitionId(0)
+A, B = KeyRef("T", "a"), KeyRef("T", "b")
+
+
+def test_values_as_of_each_epoch_since_the_floor() -> None:
+    store = StateStore([P], versioned=True)
+    store.apply(A, P, b"1", epoch=1)
+    store.apply(A, P, b"2", epoch=3)
+    store.apply(A, P, b"3", epoch=3)  # the end of epoch 3 is what counts
+    store.apply(B, P, b"x", epoch=2)
+    store.apply(B, P, None, epoch=4)
+    assert [store.value_at(A, e) for e in (0, 1, 2, 3, 4)] == [None, b"1", b"1", b"3", b"3"]
+    assert [store.value_at(B, e) for e in (1, 2, 3, 4)] == [None, b"x", b"x", None]
+    store.raise_floor(3)
+    assert store.value_at(A, 3) == b"3" and store.value_at(B, 3) == b"x"
+    assert store.value_at(B, 4) is None
+
+
+def test_a_snapshot_takes_exactly_what_changed_since_the_last_one() -> None:
+    store = StateStore([P], versioned=True)
+    store.apply(A, P, b"1", epoch=1)
+    store.apply(B, P, b"x", epoch=1)
+    first = {c.ref: (c.before, c.after) for c in store.take_changes(1)}
+    assert first == {A: (None, b"1"), B: (None, b"x")}
+    store.apply(A, P, b"2", epoch=2)
+    store.apply(A, P, b"1", epoch=3)  # back where it was: no change to snapshot
+    store.apply(B, P, None, epoch=3)
+    assert {c.ref: (c.before, c.after) for c in store.take_changes(3)} == {B: (b"x", None)}
+    assert list(store.take_changes(4)) == []
+
+
+def test_an_unversioned_store_keeps_no_history() -> None:
+    store = StateStore([P])
+    store.apply(A, P, b"1", epoch=1)
+    assert list(store.changes()) == [] and store.values == {A: b"1"}
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([A, B, KeyRef("T", "c")]),
+                          st.one_of(st.none(), st.binary(max_size=3))), max_size=30))  # fmt: skip
+def test_snapshot_digest_deltas_add_up_to_the_state_digest(writes: list) -> None:  # type: ignore[type-arg]
+    store = StateStore([P], versioned=True)
+    digest = DigestSum()
+    for epoch, (ref, value) in enumerate(writes):
+        store.apply(ref, P, value, epoch)
+        if epoch % 4 == 3:
+            for change in store.take_changes(epoch):
+                digest.total = (digest.total + change.digest_delta()) % 2**256
+    for change in store.take_changes(len(writes)):
+        digest.total = (digest.total + change.digest_delta()) % 2**256
+    assert digest.hex() == state_digest(store.items())
