@@ -58,12 +58,14 @@ _HEADERS = 16  # msgpack headers of the three capped fields, at most 5 bytes eac
 
 @dataclass(frozen=True)
 class EpochStamp:
-    """What the shell fixes for an epoch before ordering it: number, time, seed, code hash."""
+    """What the shell fixes for an epoch before ordering it: number, time, seed, code hash, and
+    whether the workers snapshot at its end."""
 
     epoch: int
     now_ms: int
     seed: int
     code_hash: str
+    snapshot: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ def order(
         batch.client(record, sequenced_requests)
     epoch_record = EpochRecord(
         stamp.epoch, stamp.now_ms, stamp.seed, stamp.code_hash, tuple(batch.txns),
-        batch.next_offsets,
+        batch.next_offsets, stamp.snapshot,
     )  # fmt: skip
     return SequencedEpoch(epoch_record, tuple(batch.dead), batch.seen)
 

@@ -55,6 +55,7 @@ from epochal.log.ordering import (
     order,
     position_key,
 )
+from epochal.log.snapshot_schedule import SnapshotSchedule
 from epochal.log.topics import TopicNames
 from epochal.metrics import Metrics, serve_metrics
 from epochal.schemas.codec import decode, encode
@@ -106,6 +107,7 @@ class Sequencer:
         self.names = TopicNames(config.app)
         self.inputs = [self.names.input(name) for name in inputs]
         self.code_hash = code_hash
+        self.schedule = SnapshotSchedule(config.snapshot_interval_ms, config.snapshot_every_epochs)
         self.metrics = Metrics(app=config.app, role="sequencer")
         self.metrics.describe("epochal_epochs_total", "counter", "epochs logged")
         self.metrics.describe("epochal_sequenced_total", "counter", "transactions sequenced")
@@ -152,11 +154,13 @@ class Sequencer:
             )  # fmt: skip
             while not should_stop():
                 records = self._collect(consumer)
-                if not records:
+                now_ms = max(state.now_ms, int(time.time() * 1000))
+                if not records and not self.schedule.idle_due(now_ms):
                     continue  # nothing consumed, nothing logged (workers send ticks if need be)
-                sequenced = self._order(state, records)
+                sequenced = self._order(state, records, now_ms)
                 self._log(producer, consumer, sequenced)
                 state.advance(sequenced)
+                self.schedule.logged(now_ms, sequenced.record.snapshot)
                 self.metrics.set("epochal_request_ids", len(state.window))
         finally:
             consumer.close()
@@ -258,16 +262,15 @@ class Sequencer:
             out.extend(batch)
         return out
 
-    def _order(self, state: _State, messages: list[Message]) -> SequencedEpoch:
+    def _order(self, state: _State, messages: list[Message], now_ms: int) -> SequencedEpoch:
         inputs: list[InputRecord] = []
         requests: list[InputRecord] = []
         for m in messages:
             record = InputRecord(m.topic() or "", m.partition() or 0, m.offset() or 0,
                                  m.value() or b"", m.key(), _timestamp_ms(m))  # fmt: skip
             (requests if record.topic == self.names.requests else inputs).append(record)
-        now_ms = max(state.now_ms, int(time.time() * 1000))
         seed = int.from_bytes(os.urandom(8), "big") >> 1
-        stamp = EpochStamp(state.epoch, now_ms, seed, self.code_hash)
+        stamp = EpochStamp(state.epoch, now_ms, seed, self.code_hash, self.schedule.due(now_ms))
         return order(
             self.router, stamp, inputs, requests, sequenced_requests=state.window,
             positions=state.positions, dead_letter_bytes=self.config.dead_letter_max_bytes,

@@ -51,6 +51,7 @@ class _Renamed:
 
 
 def _sequencer(kafka: KafkaClients, name: str, **settings: Any) -> Sequencer:
+    settings.setdefault("snapshot_interval_ms", 0)  # epochs counted here are the input's only
     config = SequencerConfig(name, epoch_ms=50, **settings)
     return Sequencer(config, kafka, _Renamed(name), ["things"], "code")
 
