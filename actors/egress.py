@@ -15,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from epochal.actors.api import App
 from epochal.actors.engine import Engine
 from epochal.actors.outcome import TxnOutcome
 from epochal.actors.plan import ensure_same_code
+from epochal.actors.snapshots import Restored, Snapshots, carried_of
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import KafkaCommandLog
 from epochal.log.egress import (
@@ -60,6 +62,8 @@ def prepare_egress(
     app: App,
     clients: KafkaClients,
     partitions: int,
+    snapshots: Snapshots | None = None,
+    *,
     allow_code_change: bool = False,
     on_epoch: Callable[[int], None] = lambda position: None,
 ) -> EgressLayout:
@@ -73,55 +77,65 @@ def prepare_egress(
     else:
         old = seen.layout.partitions if seen.layout else max(seen.positions) + 1
         logger.info("egress layout changes app=%s from=%d to=%d", app.name, old, partitions)
-        end = _finish_layout(app, clients, old, allow_code_change, on_epoch)
+        end = _OldLayout(app, clients, old, snapshots, allow_code_change, on_epoch).finish()
         layout = EgressLayout(partitions, end)
     write_layout(clients, app.name, layout)
     return layout
 
 
-def _finish_layout(
-    app: App,
-    clients: KafkaClients,
-    partitions: int,
-    allow_code_change: bool,
-    on_epoch: Callable[[int], None],
-) -> int:
-    """Release through every writer of a ``partitions`` layout all it owes up to the log's end."""
-    writers = [EgressWriter(clients, app.name, p, partitions) for p in range(partitions)]
-    try:
-        state = read_egress_state(clients, app.name)  # after the writers fenced their zombies
-        for writer in writers:
-            writer.covered = state.start(writer.partition)
-        end = clients.end_offset(app.topics.command_log)
-        if min(w.covered for w in writers) < end:
-            asyncio.run(_release(app, clients, writers, allow_code_change, on_epoch))
-        for writer in writers:
-            writer.commit(max(end, writer.covered))
-        return end
-    finally:
-        for writer in writers:
-            writer.close()
+@dataclass(frozen=True)
+class _OldLayout:
+    """The layout being left: its writers release all they owe up to the log's end."""
 
+    app: App
+    clients: KafkaClients
+    partitions: int
+    snapshots: Snapshots | None
+    allow_code_change: bool
+    on_epoch: Callable[[int], None]
 
-async def _release(
-    app: App,
-    clients: KafkaClients,
-    writers: list[EgressWriter],
-    allow_code_change: bool,
-    on_epoch: Callable[[int], None],
-) -> None:
-    engine = Engine(app, len(writers), track_digest=False)  # every partition in this process
-    code_hash = app.code_hash()
-    for logged in KafkaCommandLog(clients, app.topics.command_log).epochs(to_end=True):
-        ensure_same_code(logged.record, code_hash, allow_code_change)
-        result = await engine.run_epoch(logged.record)
-        for partition, outcomes in result.by_partition.items():
-            writer = writers[partition]
-            if logged.position < writer.covered:
-                continue  # this writer released it before
-            for outcome in outcomes:
-                for topic, value in egress_records(app, outcome):
-                    writer.add(topic, value)
-            if writer.pending >= MAX_PENDING_EGRESS:
-                writer.commit(logged.position + 1)
-        on_epoch(logged.position)
+    def finish(self) -> int:
+        app, clients = self.app, self.clients
+        writers = [
+            EgressWriter(clients, app.name, p, self.partitions) for p in range(self.partitions)
+        ]
+        try:
+            state = read_egress_state(clients, app.name)  # after the writers fenced their zombies
+            for writer in writers:
+                writer.covered = state.start(writer.partition)
+            end = clients.end_offset(app.topics.command_log)
+            if min(w.covered for w in writers) < end:
+                restored = self.snapshots.restore() if self.snapshots is not None else None
+                asyncio.run(self._release(writers, restored))
+            for writer in writers:
+                writer.commit(max(end, writer.covered))
+            return end
+        finally:
+            for writer in writers:
+                writer.close()
+
+    async def _release(self, writers: list[EgressWriter], restored: Restored | None) -> None:
+        """Replay from the latest snapshot (every writer released what came before it: a worker
+        commits its egress before its part of a snapshot), or from the log's start."""
+        app = self.app
+        engine = Engine(app, len(writers), track_digest=False)  # every partition in this process
+        start = 0
+        if restored is not None:
+            manifest = restored.manifest
+            engine.load(restored.actors, manifest.epoch, carried_of(manifest))
+            start = manifest.command_log_position
+        code_hash = app.code_hash()
+        log = KafkaCommandLog(self.clients, app.topics.command_log)
+        for logged in log.epochs(start, to_end=True):
+            ensure_same_code(logged.record, code_hash, self.allow_code_change)
+            result = await engine.run_epoch(logged.record)
+            for partition, outcomes in result.by_partition.items():
+                writer = writers[partition]
+                if logged.position < writer.covered:
+                    continue  # this writer released it before
+                for outcome in outcomes:
+                    for topic, value in egress_records(app, outcome):
+                        writer.add(topic, value)
+                if writer.pending >= MAX_PENDING_EGRESS:
+                    writer.commit(logged.position + 1)
+            self.on_epoch(logged.position)

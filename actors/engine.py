@@ -13,7 +13,7 @@ same interior transactions for the next epoch.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -25,10 +25,11 @@ from epochal.actors.executor import EpochExecutor, Reads, split_plan
 from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import EpochClock, emitted_by, plan_epoch
-from epochal.actors.store import StateStore
-from epochal.actors.transport import DoneFrame, Peers, ReadItem, ReadsFrame
+from epochal.actors.store import Change, StateStore
+from epochal.actors.transport import DoneFrame, PartFrame, Peers, ReadItem, ReadsFrame
 from epochal.schemas.canonical import decode_canonical
-from epochal.schemas.commands import EpochRecord, KeyRef, PartitionId
+from epochal.schemas.commands import ActorKey, EpochRecord, KeyRef, PartitionId
+from epochal.schemas.snapshots import SnapshotPart
 
 __all__ = ["Engine", "EpochResult", "LocalEngine", "owner_of"]
 
@@ -45,12 +46,15 @@ class EpochResult:
     """The outcomes this worker reports for one epoch, in timestamp order, and its digest after.
 
     ``by_partition`` says which partition reported which outcomes (each commits its own egress).
+    At an epoch that ends with a snapshot, ``changes`` are this worker's actors changed since
+    the last one (only if the engine takes snapshots).
     """
 
     epoch: int
     outcomes: tuple[TxnOutcome, ...]
     digest: str
     by_partition: dict[PartitionId, list[TxnOutcome]] = field(default_factory=dict)
+    changes: list[Change] | None = None  # at a snapshot epoch: this worker's changed actors
 
 
 class Engine:
@@ -69,6 +73,7 @@ class Engine:
         peers: Peers | None = None,
         *,
         track_digest: bool = True,
+        snapshots: bool = False,
     ) -> None:
         if workers > 1 and peers is None:
             raise ValueError("several workers need peers to exchange with")
@@ -79,12 +84,14 @@ class Engine:
         self.ranges = KeyRanges.even(app, partitions)
         self.worker_of = tuple(owner_of(p, partitions, workers) for p in range(partitions))
         self.partitions = tuple(PartitionId(p) for p, w in enumerate(self.worker_of) if w == worker)
-        self.store = StateStore(self.partitions, track_digest)
+        self.snapshots = snapshots
+        self.store = StateStore(self.partitions, track_digest, versioned=snapshots)
         self.executor = EpochExecutor(app, worker, self.partitions, self.store)
         self.peers = peers
         if peers is not None:
             peers.on_frame = self.on_frame
         self.carried: list[Emitted] = []
+        self.on_part: Callable[[SnapshotPart], None] = lambda part: None  # worker 0's committer
         self._done: dict[int, dict[int, list[Emitted]]] = {}
         self._done_arrived = asyncio.Event()
 
@@ -100,14 +107,16 @@ class Engine:
             await self.peers.flush()
         await asyncio.sleep(0)  # let the receivers run
 
-    def on_frame(self, frame: ReadsFrame | DoneFrame) -> None:
+    def on_frame(self, frame: ReadsFrame | DoneFrame | PartFrame) -> None:
         """Frames from other workers (the transport calls this)."""
         if isinstance(frame, ReadsFrame):
             reads: Reads = {KeyRef(i.actor_type, i.key): i.value for i in frame.items}
             self.executor.receive(frame.epoch, frame.seq, reads)
-        else:
+        elif isinstance(frame, DoneFrame):
             self._done.setdefault(frame.epoch, {})[frame.worker] = frame.emits
             self._done_arrived.set()
+        else:
+            self.on_part(frame.part)
 
     # --- epochs ----------------------------------------------------------------------------
 
@@ -122,7 +131,26 @@ class Engine:
         if self.peers is not None:
             emitted += await self._exchange_emits(record.epoch, emitted)
         self.carried = sorted(emitted, key=lambda e: (e.epoch, e.seq, e.index))
-        return EpochResult(record.epoch, outcomes, self.digest(), by_partition)
+        changes = None
+        if record.snapshot and self.snapshots:
+            changes = self.store.take_changes(record.epoch)
+        return EpochResult(record.epoch, outcomes, self.digest(), by_partition, changes)
+
+    def load(
+        self, actors: Mapping[str, Iterable[tuple[ActorKey, bytes]]], epoch: int,
+        carried: list[Emitted],
+    ) -> None:  # fmt: skip
+        """Start from a snapshot taken at the end of ``epoch``: keep the actors of this worker's
+        partitions, and the interior transactions that were to run next."""
+        mine = set(self.partitions)
+        for actor_type, rows in actors.items():
+            for key, value in rows:
+                ref = KeyRef(actor_type, key)
+                partition = self.ranges.partition_of(ref)
+                if partition in mine:
+                    self.store.load(ref, partition, value)
+        self.store.floor = epoch
+        self.carried = list(carried)
 
     async def _exchange_emits(self, epoch: int, mine: list[Emitted]) -> list[Emitted]:
         """Announce this worker's emits for ``epoch`` and collect every other worker's."""

@@ -174,9 +174,9 @@ class EpochExecutor:
             reads.update(remote)
         outcome = run_transaction(self.app, step.invocation, reads, clock)
         if outcome.committed:
-            local = step.local_keys
+            local, epoch = step.local_keys, clock.epoch
             for ref, value in outcome.writes.items():
                 if ref in local:  # the other workers apply their own keys
-                    self.store.apply(ref, step.partitions[local.index(ref)], value)
+                    self.store.apply(ref, step.partitions[local.index(ref)], value, epoch)
         if step.reporter is not None:
             reported[step.reporter].append(outcome)

@@ -21,12 +21,14 @@ import msgspec
 from epochal.actors.outcome import Emitted
 from epochal.errors import EpochalError
 from epochal.schemas.commands import ActorKey
+from epochal.schemas.snapshots import SnapshotPart
 
 __all__ = [
     "DoneFrame",
     "Frame",
     "HeartbeatFrame",
     "HelloFrame",
+    "PartFrame",
     "Peers",
     "ReadItem",
     "ReadsFrame",
@@ -66,8 +68,19 @@ class DoneFrame(msgspec.Struct, frozen=True, array_like=True, tag="d"):
 
 
 class HelloFrame(msgspec.Struct, frozen=True, array_like=True, tag="h"):
+    """A peer introduces itself, and the snapshot it resumed from (-1: none): workers that
+    resumed from different snapshots would wait on each other for ever."""
+
     generation: int
     worker: int
+    resumed: int = -1
+
+
+class PartFrame(msgspec.Struct, frozen=True, array_like=True, tag="s"):
+    """A worker's part of a snapshot, for the committer (worker 0)."""
+
+    generation: int
+    part: SnapshotPart
 
 
 class HeartbeatFrame(msgspec.Struct, frozen=True, array_like=True, tag="b"):
@@ -76,7 +89,7 @@ class HeartbeatFrame(msgspec.Struct, frozen=True, array_like=True, tag="b"):
     generation: int
 
 
-Frame = ReadsFrame | DoneFrame | HelloFrame | HeartbeatFrame
+Frame = ReadsFrame | DoneFrame | PartFrame | HelloFrame | HeartbeatFrame
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Frame)
 
@@ -105,9 +118,10 @@ class Peers:
     worker: int
     addresses: list[str]
     generation: int
-    on_frame: Callable[[ReadsFrame | DoneFrame], None] = field(default=lambda frame: None)
+    on_frame: Callable[[ReadsFrame | DoneFrame | PartFrame], None] = field(default=lambda f: None)
     connect_timeout_s: float = 30.0
     failure_timeout_s: float = 6.0
+    resumed: int = -1
     failed: asyncio.Future[None] = field(init=False)
     _writers: dict[int, asyncio.StreamWriter] = field(default_factory=dict)
     _buffers: dict[int, list[bytes]] = field(default_factory=dict)
@@ -124,7 +138,7 @@ class Peers:
         for other, address in enumerate(self.addresses):
             if other != self.worker:
                 self._writers[other] = await self._connect(other, address)
-                self.send(other, HelloFrame(self.generation, self.worker))
+                self.send(other, HelloFrame(self.generation, self.worker, self.resumed))
         await self.flush()
         self._heard = dict.fromkeys(self._writers, time.monotonic())  # a bound to say Hello
         self._keeping_alive = asyncio.create_task(self._keep_alive(), name="peer-heartbeats")
@@ -196,6 +210,11 @@ class Peers:
                 logger.info("not a peer of this generation, closed worker=%d", self.worker)
                 return
             peer = hello.worker
+            if hello.resumed != self.resumed:
+                self._fail(TransportError("workers resumed from different snapshots",
+                                          worker=self.worker, ssid=self.resumed, peer=peer,
+                                          peer_ssid=hello.resumed))  # fmt: skip
+                return
             while True:
                 self._heard[peer] = time.monotonic()
                 frame = await _read(reader)

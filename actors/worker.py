@@ -23,13 +23,23 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from epochal.actors.api import App
 from epochal.actors.egress import MAX_PENDING_EGRESS, egress_records
 from epochal.actors.engine import Engine, EpochResult
+from epochal.actors.outcome import Emitted
 from epochal.actors.plan import ensure_same_code
-from epochal.actors.transport import Peers
+from epochal.actors.snapshots import (
+    SnapshotCommitter,
+    Snapshots,
+    SnapshotTaker,
+    carried_of,
+    with_log_position,
+)
+from epochal.actors.store import Change
+from epochal.actors.transport import PartFrame, Peers
 from epochal.config import KafkaConfig, WorkerConfig
 from epochal.errors import ConfigError, LogError
 from epochal.log.client import KafkaClients
@@ -39,6 +49,7 @@ from epochal.log.membership import while_member, worker_member
 from epochal.metrics import Metrics, serve_metrics
 from epochal.schemas.codec import encode
 from epochal.schemas.commands import ClientRequest, PartitionId
+from epochal.schemas.snapshots import Manifest, SnapshotPart
 
 __all__ = ["Worker"]
 
@@ -73,11 +84,19 @@ _ABORT_LABELS = (  # the prefixes of the reasons epochal itself gives
 
 
 class Worker:
-    """``Worker(app, config, kafka).run(should_stop)`` in a worker process."""
+    """``Worker(app, config, kafka, snapshots).run(should_stop)`` in a worker process.
 
-    def __init__(self, app: App, config: WorkerConfig, kafka: KafkaConfig) -> None:
+    With ``snapshots`` (``recovery.snapshots.DeltaSnapshots``, say) the worker resumes from the
+    latest complete snapshot and takes one at every epoch the sequencer marks; without, it
+    replays the command log from its start.
+    """
+
+    def __init__(
+        self, app: App, config: WorkerConfig, kafka: KafkaConfig, snapshots: Snapshots | None = None
+    ) -> None:
         self.app = app
         self.config = config
+        self.snapshots = snapshots
         self.clients = KafkaClients(kafka)
         self.code_hash = app.code_hash()  # reads source files: once, not per epoch
         self.metrics = Metrics(app=app.name, worker=str(config.worker))
@@ -86,6 +105,18 @@ class Worker:
         self.metrics.describe("epochal_epochs_total", "counter", "epochs executed")
         self.metrics.describe("epochal_epoch_seconds_sum", "counter", "time executing epochs")
         self.metrics.describe("epochal_command_log_position", "gauge", "last epoch executed")
+        self.metrics.describe("epochal_snapshot_write_seconds_sum", "counter",
+                              "time writing snapshot parts, off the loop")  # fmt: skip
+        self.metrics.describe("epochal_snapshot_actors_total", "counter", "actors snapshotted")
+        self.metrics.describe("epochal_snapshot_bytes_total", "counter", "bytes of change files")
+        self.metrics.describe(
+            "epochal_snapshots_total", "counter", "snapshots committed (worker 0)"
+        )
+        self.metrics.describe("epochal_snapshot_commit_seconds_sum", "counter",
+                              "time committing snapshots (worker 0)")  # fmt: skip
+        self.metrics.describe("epochal_snapshot_lag_epochs", "gauge",
+                              "epochs since the last committed snapshot (worker 0)")  # fmt: skip
+        self.metrics.describe("epochal_resume_seconds", "gauge", "time to load the snapshot")
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         if self.config.cpu is not None and hasattr(os, "sched_setaffinity"):
@@ -107,41 +138,79 @@ class Worker:
             peers = Peers(config.worker, list(config.peers), config.generation,
                           failure_timeout_s=config.failure_timeout_ms / 1000)  # fmt: skip
         engine = Engine(self.app, config.partitions, config.worker, config.workers, peers,
-                        track_digest=config.track_digest)  # fmt: skip
+                        track_digest=config.track_digest,
+                        snapshots=self.snapshots is not None)  # fmt: skip
+        resumed = await self._resume(engine)
+        if peers is not None:
+            peers.resumed = resumed.ssid if resumed else -1
         writers = self._open_egress(engine)
+        taking = _Snapshotting(self, engine, peers) if self.snapshots is not None else None
         if peers is not None:
             await peers.start()
-        poller = KafkaCommandLog(self.clients, self.app.topics.command_log).poller(start=0)
+        progress = _Progress.after(resumed)
+        poller = KafkaCommandLog(self.clients, self.app.topics.command_log).poller(progress.next)
         ticker = _InteriorTicker(self.clients, self.app, config)
         loop = asyncio.get_running_loop()
-        next_position, expected_epoch, last_commit = 0, 0, time.monotonic()
-        logger.info("worker started worker=%d partitions=%s generation=%d",
-                    config.worker, list(engine.partitions), config.generation)  # fmt: skip
+        logger.info("worker started worker=%d partitions=%s generation=%d from_epoch=%d",
+                    config.worker, list(engine.partitions), config.generation,
+                    progress.epoch)  # fmt: skip
         try:
             while not should_stop():
-                if peers is not None and peers.failed.done():
-                    peers.failed.result()  # a peer lost while idle fails this worker now too
+                _check(peers, taking)
                 epochs = await loop.run_in_executor(None, poller.poll, 0.05, _POLL_CHUNKS)
                 for logged in epochs:
-                    expected_epoch = _follows(logged, expected_epoch)
-                    result = await self._execute(engine, logged)
-                    self._stage_egress(writers, logged, result)
-                    next_position = logged.position + 1
-                    if any(w.pending >= MAX_PENDING_EGRESS for w in writers.values()):
-                        await loop.run_in_executor(None, _commit_all, writers, next_position)
-                        last_commit = time.monotonic()
-                if time.monotonic() - last_commit >= config.egress_interval_ms / 1000:
-                    await loop.run_in_executor(None, _commit_all, writers, next_position)
-                    last_commit = time.monotonic()
-                ticker.after_poll(bool(epochs), expected_epoch - 1, bool(engine.carried))
-            await loop.run_in_executor(None, _commit_all, writers, next_position)
+                    await self._epoch(engine, logged, writers, taking, progress)
+                if time.monotonic() - progress.committed_at >= config.egress_interval_ms / 1000:
+                    await progress.commit(writers)
+                ticker.after_poll(bool(epochs), progress.epoch - 1, bool(engine.carried))
+            await progress.commit(writers)
         finally:
             poller.close()
             ticker.close()
+            if taking is not None:
+                await loop.run_in_executor(None, taking.close)
             for writer in writers.values():
                 writer.close()
             if peers is not None:
                 await peers.close()
+
+    async def _epoch(
+        self,
+        engine: Engine,
+        logged: LoggedEpoch,
+        writers: dict[PartitionId, EgressWriter],
+        taking: _Snapshotting | None,
+        progress: _Progress,
+    ) -> None:
+        """One epoch: check it follows → execute → stage egress → maybe snapshot."""
+        progress.epoch = _follows(logged, progress.epoch)
+        result = await self._execute(engine, logged)
+        self._stage_egress(writers, logged, result)
+        progress.next = logged.position + 1
+        snapshot = result.changes if taking is not None else None
+        if snapshot is not None or any(w.pending >= MAX_PENDING_EGRESS for w in writers.values()):
+            await progress.commit(writers)  # a snapshot's egress is out before it exists
+        if snapshot is not None and taking is not None:
+            taking.take(logged, snapshot, engine.carried)
+
+    async def _resume(self, engine: Engine) -> Manifest | None:
+        """Load the latest complete snapshot into ``engine`` (worker 0 makes sure the tables
+        exist first); None if there is none (or no snapshots): replay from the start."""
+        if self.snapshots is None:
+            return None
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        if self.config.worker == 0:
+            await loop.run_in_executor(None, self.snapshots.ensure_tables, self.code_hash)
+        restored = await loop.run_in_executor(None, self.snapshots.restore)
+        if restored is None:
+            return None
+        manifest = restored.manifest
+        engine.load(restored.actors, manifest.epoch, carried_of(manifest))
+        self.metrics.set("epochal_resume_seconds", time.perf_counter() - started)
+        logger.info("resumed from snapshot ssid=%d actors=%s seconds=%.2f", manifest.ssid,
+                    manifest.actors, time.perf_counter() - started)  # fmt: skip
+        return manifest
 
     def _open_egress(self, engine: Engine) -> dict[PartitionId, EgressWriter]:
         """Open (and so fence) this worker's egress writers, then learn where each resumes."""
@@ -196,6 +265,35 @@ def _commit_all(writers: dict[PartitionId, EgressWriter], next_position: int) ->
         writer.commit(next_position)
 
 
+@dataclass
+class _Progress:
+    """Where this worker stands in the command log."""
+
+    next: int  # the command-log position after the last epoch executed
+    epoch: int  # the epoch that must come next
+    committed_at: float = field(default_factory=time.monotonic)  # egress last committed
+
+    @classmethod
+    def after(cls, resumed: Manifest | None) -> _Progress:
+        if resumed is None:
+            return cls(0, 0)
+        return cls(resumed.command_log_position, resumed.epoch + 1)
+
+    async def commit(self, writers: dict[PartitionId, EgressWriter]) -> None:
+        """Release every partition's staged egress up to here (off the loop: Kafka waits)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, _commit_all, writers, self.next)
+        self.committed_at = time.monotonic()
+
+
+def _check(peers: Peers | None, taking: _Snapshotting | None) -> None:
+    """Fail now if a peer was lost (even while idle) or a snapshot thread failed."""
+    if peers is not None and peers.failed.done():
+        peers.failed.result()
+    if taking is not None:
+        taking.check()
+
+
 def _follows(logged: LoggedEpoch, expected: int) -> int:
     """The epoch after ``logged``, if ``logged`` is the epoch expected; else refuse it."""
     if logged.record.epoch != expected:
@@ -241,3 +339,64 @@ class _InteriorTicker:
     def close(self) -> None:
         if self._producer is not None:
             self._producer.flush(5)
+
+
+class _Snapshotting:
+    """This worker's side of snapshots: hand each cut to the writer thread; on worker 0, also
+    collect every worker's part and commit (others send theirs over TCP)."""
+
+    def __init__(self, worker: Worker, engine: Engine, peers: Peers | None) -> None:
+        assert worker.snapshots is not None
+        self.worker = worker
+        self.engine = engine
+        self.peers = peers
+        self.metrics = worker.metrics
+        self.committer: SnapshotCommitter | None = None
+        if worker.config.worker == 0:
+            self.committer = SnapshotCommitter(worker.snapshots, worker.config.workers,
+                                               self._committed)  # fmt: skip
+            engine.on_part = self.committer.receive
+        self.taker = SnapshotTaker(worker.snapshots, worker.config.worker, self._written)
+        self.last_epoch = 0
+        self._flushing: set[asyncio.Future[None]] = set()
+
+    def take(self, logged: LoggedEpoch, changes: list[Change], carried: list[Emitted]) -> None:
+        record, position = logged.record, logged.position + 1
+        self.last_epoch = record.epoch
+        if self.committer is not None:
+
+            def head(part: SnapshotPart) -> SnapshotPart:
+                return with_log_position(part, record, position, carried)
+
+            self.taker.take(record.epoch, changes, head)
+        else:
+            self.taker.take(record.epoch, changes, lambda part: part)
+
+    def _written(self, part: SnapshotPart, seconds: float) -> None:
+        self.metrics.inc("epochal_snapshot_write_seconds_sum", seconds)
+        self.metrics.inc("epochal_snapshot_actors_total", part.changed)
+        self.metrics.inc("epochal_snapshot_bytes_total", sum(f.size for f in part.files))
+        if self.committer is not None:
+            self.committer.receive(part)
+        elif self.peers is not None:
+            self.peers.send(0, PartFrame(self.peers.generation, part))
+            flushing = asyncio.ensure_future(self.peers.flush())
+            self._flushing.add(flushing)
+            flushing.add_done_callback(self._flushing.discard)
+
+    def _committed(self, manifest: Manifest, seconds: float) -> None:
+        self.metrics.inc("epochal_snapshots_total")
+        self.metrics.inc("epochal_snapshot_commit_seconds_sum", seconds)
+        self.metrics.set("epochal_snapshot_lag_epochs", self.last_epoch - manifest.ssid)
+        logger.info("snapshot committed ssid=%d actors=%s seconds=%.2f", manifest.ssid,
+                    manifest.actors, seconds)  # fmt: skip
+
+    def check(self) -> None:
+        self.taker.check()
+        if self.committer is not None:
+            self.committer.check()
+
+    def close(self) -> None:
+        self.taker.close()
+        if self.committer is not None:
+            self.committer.close()

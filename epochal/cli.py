@@ -26,6 +26,7 @@ from epochal.config import (
     KafkaConfig,
     LocalBrokerConfig,
     SequencerConfig,
+    SnapshotConfig,
     WorkerConfig,
     cache_dir_from_env,
 )
@@ -104,19 +105,20 @@ def _apps_from_working_directory() -> None:
 
 
 def _settings(pairs: list[str]) -> dict[str, str]:
-    """``-X key=value`` pairs: librdkafka settings passed through (SASL, SSL, timeouts)."""
+    """``key=value`` pairs passed through: librdkafka settings (``-X``: SASL, SSL, timeouts),
+    delta-rs storage options (``--storage-option``)."""
     settings = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise ConfigError(f"-X takes key=value, got {pair!r}")
+            raise ConfigError(f"expected key=value, got {pair!r}")
         settings[key.strip()] = value.strip()
     return settings
 
 
 def _run(args: argparse.Namespace) -> int:
     from epochal.actors.layout import numa_cpus
-    from epochal.actors.supervisor import ClusterConfig, Supervisor
+    from epochal.supervisor import ClusterConfig, Supervisor
 
     _apps_from_working_directory()
     workers = args.workers or sum(len(node) for node in numa_cpus())
@@ -137,6 +139,8 @@ def _run(args: argparse.Namespace) -> int:
             app_name, epoch_ms=args.epoch_ms, max_records=args.epoch_records,
             metrics_port=args.metrics_port + workers if args.metrics_port else 0,
             input_retention_ms=args.input_retention_ms,
+            snapshot_interval_ms=0 if args.no_snapshots else args.snapshot_interval_ms,
+            snapshot_every_epochs=0 if args.no_snapshots else args.snapshot_every_epochs,
         ),
         worker=WorkerConfig(
             app_name, workers=workers, partitions=partitions, peers=peers,
@@ -146,6 +150,10 @@ def _run(args: argparse.Namespace) -> int:
         run_dir=Path(args.run_dir),
         failure=FailureConfig(failure_timeout_ms=args.failure_timeout_ms,
                               startup_timeout_ms=args.startup_timeout_ms),
+        snapshots=None if args.no_snapshots else SnapshotConfig(
+            args.warehouse, _settings(args.storage_option), keep=args.keep_snapshots,
+            keep_inputs=args.keep_inputs,
+        ),
     )  # fmt: skip
     console.print(
         f"running {args.app} as {app_name!r}: {workers} workers, {partitions} partitions, "
@@ -162,17 +170,29 @@ def _replay(args: argparse.Namespace) -> int:
     from epochal.log.client import KafkaClients
     from epochal.log.command_log import KafkaCommandLog
     from epochal.recovery.replay import replay_command_log
+    from epochal.recovery.snapshots import DeltaSnapshots
 
     _apps_from_working_directory()
     app = load_app(args.app, args.name)
     clients = KafkaClients(KafkaConfig(args.bootstrap, _settings(args.kafka_setting)))
+    restored = None
+    if not args.from_start:
+        snapshots = DeltaSnapshots(app, SnapshotConfig(args.warehouse), partitions=1)
+        with console.status(f"loading the latest snapshot from {snapshots.warehouse.uri()}"):
+            restored = snapshots.restore()
+    start = restored.manifest.command_log_position if restored else 0
+    if restored:
+        manifest = restored.manifest
+        console.print(f"from snapshot ssid={manifest.ssid} (epoch {manifest.epoch}, "
+                      f"command-log position {start})")  # fmt: skip
     end = clients.end_offset(app.topics.command_log)
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(f"replaying {app.topics.command_log}", total=end)
-        logged = KafkaCommandLog(clients, app.topics.command_log).epochs(to_end=True)
+        task = progress.add_task(f"replaying {app.topics.command_log}", total=end - start)
+        logged = KafkaCommandLog(clients, app.topics.command_log).epochs(start, to_end=True)
         engine, epochs = replay_command_log(
             app, logged, allow_code_change=args.allow_code_change,
-            on_epoch=lambda position: progress.update(task, completed=position + 1),
+            on_epoch=lambda position: progress.update(task, completed=position + 1 - start),
+            restored=restored,
         )  # fmt: skip
     by_type: dict[str, list[tuple[object, Any]]] = defaultdict(list)
     for ref, value in engine.items():
@@ -212,6 +232,41 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(_cache(args), _broker(args), Path(args.warehouse), console)
 
 
+def _run_flags(run: argparse.ArgumentParser) -> None:
+    """The flags of ``epochal run``: layout, epochs, failures, snapshots."""
+    run.add_argument("--workers", type=int, default=0, help="worker processes (default: cores)")
+    run.add_argument("--partitions", type=int, default=0, help="partitions (default 2 per worker)")
+    run.add_argument("--epoch-ms", type=int, default=20, help="close an epoch after this long")
+    run.add_argument("--epoch-records", type=int, default=5000, help="... or this many records")
+    run.add_argument("--peers", help="host:port of every worker, comma-separated")
+    run.add_argument("--port-base", type=int, default=7600, help="local worker ports from here")
+    run.add_argument("--input-partitions", type=int, default=1, help="partitions of new topics")
+    run.add_argument("--input-retention-ms", type=int, default=-1,
+                     help="retention of input and requests topics (-1: forever)")  # fmt: skip
+    run.add_argument("--metrics-port", type=int, default=0,
+                     help="Prometheus: worker w on port+w, then sequencer (0: off)")  # fmt: skip
+    run.add_argument("--run-dir", default=".epochal/run", help="where pids and status go")
+    run.add_argument("--failure-timeout-ms", type=int, default=6000,
+                     help="a process or peer silent this long has failed (the broker's "
+                          "group.min.session.timeout.ms is the least)")  # fmt: skip
+    run.add_argument("--startup-timeout-ms", type=int, default=30_000,
+                     help="a process must join the cluster within this")  # fmt: skip
+    run.add_argument("--warehouse", default="warehouse",
+                     help="Delta root of the snapshots, a path or URI")  # fmt: skip
+    run.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                     help="delta-rs storage option (object-store credentials)")  # fmt: skip
+    run.add_argument("--snapshot-interval-ms", type=int, default=1000,
+                     help="snapshot every this long (0: not by time)")  # fmt: skip
+    run.add_argument("--snapshot-every-epochs", type=int, default=0,
+                     help="... or every this many epochs (0: not by count)")  # fmt: skip
+    run.add_argument("--keep-snapshots", type=int, default=10,
+                     help="snapshots kept (0: every one, and the whole logs)")  # fmt: skip
+    run.add_argument("--keep-inputs", action="store_true",
+                     help="never trim input topics (their own retention applies)")  # fmt: skip
+    run.add_argument("--no-snapshots", action="store_true",
+                     help="no snapshots: a restart replays the whole command log")  # fmt: skip
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="epochal", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
@@ -247,23 +302,7 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run an app: sequencer and workers on Kafka")
     app_flags(run)
-    run.add_argument("--workers", type=int, default=0, help="worker processes (default: cores)")
-    run.add_argument("--partitions", type=int, default=0, help="partitions (default 2 per worker)")
-    run.add_argument("--epoch-ms", type=int, default=20, help="close an epoch after this long")
-    run.add_argument("--epoch-records", type=int, default=5000, help="... or this many records")
-    run.add_argument("--peers", help="host:port of every worker, comma-separated")
-    run.add_argument("--port-base", type=int, default=7600, help="local worker ports from here")
-    run.add_argument("--input-partitions", type=int, default=1, help="partitions of new topics")
-    run.add_argument("--input-retention-ms", type=int, default=-1,
-                     help="retention of input and requests topics (-1: forever)")  # fmt: skip
-    run.add_argument("--metrics-port", type=int, default=0,
-                     help="Prometheus: worker w on port+w, then sequencer (0: off)")  # fmt: skip
-    run.add_argument("--run-dir", default=".epochal/run", help="where pids and status go")
-    run.add_argument("--failure-timeout-ms", type=int, default=6000,
-                     help="a process or peer silent this long has failed (the broker's "
-                          "group.min.session.timeout.ms is the least)")  # fmt: skip
-    run.add_argument("--startup-timeout-ms", type=int, default=30_000,
-                     help="a process must join the cluster within this")  # fmt: skip
+    _run_flags(run)
     run.set_defaults(handler=_run)
 
     replay = commands.add_parser("replay", help="rebuild an app's state from its command log")
@@ -271,6 +310,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--show", action="append", default=[], metavar="ACTOR_TYPE",
                         help="print actors of this type and totals of numeric fields")  # fmt: skip
     replay.add_argument("--limit", type=int, default=10, help="actors printed per type")
+    replay.add_argument("--warehouse", default="warehouse", help="where the snapshots are")
+    replay.add_argument("--from-start", action="store_true",
+                        help="ignore snapshots: replay the whole command log")  # fmt: skip
     replay.set_defaults(handler=_replay)
 
     demo = commands.add_parser("demo", help="run the demo on a local broker, Spark and warehouse")

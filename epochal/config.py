@@ -19,6 +19,7 @@ __all__ = [
     "KafkaConfig",
     "LocalBrokerConfig",
     "SequencerConfig",
+    "SnapshotConfig",
     "SparkConfig",
     "WorkerConfig",
     "cache_dir_from_env",
@@ -151,7 +152,9 @@ class SequencerConfig:
     ``request_id_window_ms`` is how long a client request id is remembered after its last request
     record: a retry within it is sequenced once. ``input_retention_ms`` is the retention the
     input and requests topics get (-1: forever; an existing topic that keeps less is raised to
-    it). ``metrics_port`` serves Prometheus metrics (0: off).
+    it). ``metrics_port`` serves Prometheus metrics (0: off). The workers snapshot at the end of
+    an epoch every ``snapshot_interval_ms`` or every ``snapshot_every_epochs`` epochs, whichever
+    comes first (0 turns either off; both 0: no snapshots).
     """
 
     app: str
@@ -163,6 +166,43 @@ class SequencerConfig:
     dead_letter_max_bytes: int = 64 * 1024
     request_id_window_ms: int = 10 * 60 * 1000
     input_retention_ms: int = -1
+    snapshot_interval_ms: int = 1000
+    snapshot_every_epochs: int = 0
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    """Where snapshots go, and how many are kept.
+
+    ``warehouse`` is a path or any URI delta-rs takes (``s3://bucket/warehouse``); each app's
+    tables live under ``<warehouse>/<app>/``. ``storage_options`` pass to delta-rs (object-store
+    credentials; redacted in ``repr``). The newest ``keep`` snapshots are kept, and any younger
+    than ``keep_ms`` (0: no age rule); the command log and input topics are kept back to the
+    oldest one kept and trimmed before it (``keep_inputs``: leave the input topics to their own
+    retention, for other consumers). ``keep`` 0 keeps every snapshot and the whole logs. When
+    snapshots are taken is the sequencer's (:class:`SequencerConfig`).
+
+    >>> SnapshotConfig("/tmp/w").keep
+    10
+    """
+
+    warehouse: str = "warehouse"
+    storage_options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    keep: int = 10
+    keep_ms: int = 0
+    keep_inputs: bool = False
+
+    def __repr__(self) -> str:
+        return (
+            f"SnapshotConfig(warehouse={self.warehouse!r}, keep={self.keep}, "
+            f"keep_ms={self.keep_ms}, storage_options={_redacted(self.storage_options)!r})"
+        )
+
+    def __reduce__(
+        self,
+    ) -> tuple[type[SnapshotConfig], tuple[str, dict[str, str], int, int, bool]]:
+        return (SnapshotConfig, (self.warehouse, dict(self.storage_options), self.keep,
+                                 self.keep_ms, self.keep_inputs))  # to child processes  # fmt: skip
 
 
 @dataclass(frozen=True)

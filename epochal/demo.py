@@ -69,6 +69,7 @@ class _Demo:
         self.clients = KafkaClients(KafkaConfig(bootstrap))
         self.console = console
         self.name = f"bank-demo-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.warehouse = warehouse
         self.table = warehouse / "bank" / "state" / "Account"
         self.app = load_app("examples.bank.app:app", self.name)
         self.accounts = [f"acct-{i * 10_000 // ACCOUNTS:04d}" for i in range(ACCOUNTS)]
@@ -99,7 +100,7 @@ class _Demo:
         run_dir = Path(tempfile.mkdtemp(prefix="epochal-demo-"))
         command = [sys.executable, "-m", "epochal.cli", "run", "examples.bank.app:app",
                    "--name", self.name, "--bootstrap", self.bootstrap, "--workers", "2",
-                   "--run-dir", str(run_dir)]  # fmt: skip
+                   "--run-dir", str(run_dir), "--warehouse", str(self.warehouse)]  # fmt: skip
         log = open(run_dir / "cluster.log", "wb")  # noqa: SIM115 - the child keeps it open
         cluster = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         self.console.print(

@@ -163,6 +163,26 @@ class KafkaClients:
         return translate_kafka_error(KafkaException(error), what, topic=topic or None,
                                      partition=partition if topic else None)  # fmt: skip
 
+    def delete_records(
+        self, before: Mapping[tuple[str, int], int], timeout_s: float = 30.0
+    ) -> None:
+        """Delete every record of ``{(topic, partition): offset}`` below ``offset`` (epochal's
+        own retention: logs are kept back to the oldest snapshot kept, no further)."""
+        wanted = [TopicPartition(t, p, o) for (t, p), o in before.items() if o > 0]
+        if not wanted:
+            return
+        admin = self.admin()
+        futures = admin.delete_records(wanted, request_timeout=timeout_s)
+        for tp, future in futures.items():
+            try:
+                future.result(timeout=timeout_s)
+            except KafkaException as exc:
+                raise translate_kafka_error(
+                    exc, "cannot delete records", topic=tp.topic, partition=tp.partition,
+                    before=tp.offset,
+                ) from exc  # fmt: skip
+        del admin  # only now: the futures have resolved
+
     def admin(self, **settings: Any) -> AdminClient:
         return AdminClient(self.config.client_settings(**settings), logger=_librdkafka_logger)
 

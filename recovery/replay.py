@@ -1,8 +1,9 @@
 """Strong replay: the state the command log implies, rebuilt in this process.
 
-Until snapshots exist, replay starts from the first epoch. It is the same engine, on the same
-command log, so it reaches the same state as the cluster did (DESIGN §2.3); the digest proves it.
-A command log written by other application code is refused unless allowed.
+Replay starts from a snapshot (``restored``, the latest complete one) or from the log's first
+epoch, and runs the same engine on the same command log, so it reaches the same state as the
+cluster did (DESIGN §2.3); the digest proves it. One process owns every key, so nothing is
+exchanged. A command log written by other application code is refused unless allowed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterable
 from epochal.actors.api import App
 from epochal.actors.engine import LocalEngine
 from epochal.actors.plan import ensure_same_code
+from epochal.actors.snapshots import Restored, carried_of
 from epochal.log.command_log import LoggedEpoch
 
 __all__ = ["replay_command_log"]
@@ -21,15 +23,21 @@ __all__ = ["replay_command_log"]
 def replay_command_log(
     app: App,
     epochs: Iterable[LoggedEpoch],
+    *,
     partitions: int = 1,
     allow_code_change: bool = False,
     on_epoch: Callable[[int], None] = lambda position: None,
+    restored: Restored | None = None,
 ) -> tuple[LocalEngine, int]:
-    """Replay epochs from a command log (Kafka or the in-memory twin) into a fresh engine.
+    """Replay epochs from a command log (Kafka or the in-memory twin) into a fresh engine, after
+    the snapshot ``restored`` if given (``epochs`` then start after it).
 
     Returns the engine (its state) and the number of epochs replayed.
     """
     engine = LocalEngine(app, partitions)
+    if restored is not None:
+        manifest = restored.manifest
+        engine.load(restored.actors, manifest.epoch, carried_of(manifest))
     code_hash = app.code_hash()
     replayed = 0
 

@@ -126,7 +126,7 @@ def _egress(kafka: KafkaClients, name: str) -> list[EgressRecord]:
 def test_a_command_log_truncated_anyway_stops_the_cluster_naming_what_is_missing(
     cluster: Cluster,
 ) -> None:
-    cluster.start(workers=1, partitions=2)
+    cluster.start(workers=1, partitions=2, snapshot_ms=0)  # recovery replays from offset 0
     cluster.produce(200, deposits=True)
     assert len(cluster.wait_for_egress()) == cluster.transfers
     cluster.stop()
@@ -134,7 +134,7 @@ def test_a_command_log_truncated_anyway_stops_the_cluster_naming_what_is_missing
     command_log = TopicPartition(f"{cluster.name}.cmd", 0, 3)
     admin.delete_records([command_log])[command_log].result(30)  # Kafka's retention, say
 
-    cluster.start(workers=1, partitions=2)
+    cluster.start(workers=1, partitions=2, snapshot_ms=0)
     assert cluster.processes[-1].wait(60) == 1  # stops: no restart can bring records back
     log = cluster.log()
     assert "cannot go on" in log

@@ -62,3 +62,25 @@ def test_bank_invariant_money_is_conserved_and_never_negative() -> None:
     outcomes = [o for r in results for o in r.outcomes]
     assert any(not o.committed and "balance >= 0" in o.reason for o in outcomes)
     assert sum(o.committed for o in outcomes if o.handler == "transfer") > 1000
+
+
+@settings(max_examples=30, deadline=None)
+@given(batches=batches)
+def test_snapshots_change_nothing_and_their_changes_rebuild_each_snapshot(batches: list) -> None:  # type: ignore[type-arg]
+    from epochal.actors.digest import state_digest
+    from epochal.actors.engine import Engine
+
+    records = command_log(batches, snapshot_every=2)
+    plain = [r.digest for r in _engine_run(4, records)]
+    results = asyncio.run(Engine(app, 4, snapshots=True).run(records))
+    assert [r.digest for r in results] == plain
+    rebuilt: dict = {}  # type: ignore[type-arg]
+    for result in results:
+        if result.changes is None:
+            continue
+        for change in result.changes:
+            if change.after is None:
+                rebuilt.pop(change.ref, None)
+            else:
+                rebuilt[change.ref] = change.after
+        assert state_digest(rebuilt.items()) == result.digest

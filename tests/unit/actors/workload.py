@@ -238,9 +238,12 @@ batches = st.lists(
 )
 
 
-def command_log(batches: Sequence[Sequence[object]], partitions: int = 3) -> list[EpochRecord]:
+def command_log(
+    batches: Sequence[Sequence[object]], partitions: int = 3, snapshot_every: int = 0
+) -> list[EpochRecord]:
     """Sequence the batches as the sequencer would (records spread over input partitions) into
-    the in-memory twin of the command log, and read the epochs back from it."""
+    the in-memory twin of the command log, and read the epochs back from it; with
+    ``snapshot_every`` n, every n-th epoch ends with a snapshot."""
     log, offset = MemoryCommandLog(chunk_bytes=256), 0  # small chunks: epochs span several
     for epoch, batch in enumerate(batches):
         inputs = []
@@ -248,6 +251,7 @@ def command_log(batches: Sequence[Sequence[object]], partitions: int = 3) -> lis
             value = op if isinstance(op, bytes) else encode(op)
             inputs.append(InputRecord("testbank.in.ops", offset % partitions, offset, value))
             offset += 1
-        stamp = EpochStamp(epoch, 1_000_000 + epoch * 20, 1234 + epoch, app.code_hash())
+        snapshot = snapshot_every > 0 and epoch % snapshot_every == snapshot_every - 1
+        stamp = EpochStamp(epoch, 1_000_000 + epoch * 20, 1234 + epoch, app.code_hash(), snapshot)
         log.append(order(app, stamp, inputs).record)
     return [logged.record for logged in log.epochs()]

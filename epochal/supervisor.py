@@ -41,13 +41,20 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
-from epochal.actors.api import load_app
+from epochal.actors.api import App, load_app
 from epochal.actors.egress import prepare_egress
 from epochal.actors.layout import worker_cpus
 from epochal.actors.lifecycle import die_with_parent, set_title
 from epochal.actors.transport import TransportError
-from epochal.config import FailureConfig, KafkaConfig, SequencerConfig, WorkerConfig
+from epochal.config import (
+    FailureConfig,
+    KafkaConfig,
+    SequencerConfig,
+    SnapshotConfig,
+    WorkerConfig,
+)
 from epochal.errors import ConfigError, RecoveryError
+from epochal.log.client import KafkaClients
 from epochal.log.membership import (
     GroupMember,
     GroupObserver,
@@ -59,6 +66,7 @@ from epochal.log.membership import (
     Role,
     members_group,
 )
+from epochal.recovery.snapshots import DeltaSnapshots
 
 __all__ = ["ClusterConfig", "RollbackBackoff", "Supervisor"]
 
@@ -69,7 +77,8 @@ EXIT_UNRECOVERABLE = 3  # a child's exit code: restarting cannot help (see _exit
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Everything ``epochal run`` needs; ``app_name`` renames the app (its topics and ids)."""
+    """Everything ``epochal run`` needs; ``app_name`` renames the app (its topics and ids);
+    ``snapshots`` None: no snapshots, a restart replays the whole command log."""
 
     app_spec: str
     kafka: KafkaConfig
@@ -80,6 +89,7 @@ class ClusterConfig:
     run_dir: Path = Path(".epochal/run")
     pin_cpus: bool = True
     failure: FailureConfig = field(default_factory=FailureConfig)
+    snapshots: SnapshotConfig | None = None
 
 
 class RollbackBackoff:
@@ -140,9 +150,16 @@ def _exit_if_unrecoverable(role: str) -> Iterator[None]:
         sys.exit(EXIT_UNRECOVERABLE)
 
 
+def _snapshots(config: ClusterConfig, app: App) -> DeltaSnapshots | None:
+    """Snapshots in Delta Lake under the configured warehouse, or none."""
+    if config.snapshots is None:
+        return None
+    clients = KafkaClients(config.kafka)
+    return DeltaSnapshots(app, config.snapshots, config.worker.partitions, clients)
+
+
 def _sequencer_main(config: ClusterConfig, name: MemberName, parent: int) -> None:
     """The sequencer process: its loop beats a pulse, and while it does, it stays a member."""
-    from epochal.log.client import KafkaClients
     from epochal.log.sequencer import Sequencer
 
     die_with_parent(parent)
@@ -180,7 +197,7 @@ def _worker_main(config: ClusterConfig, worker: WorkerConfig, parent: int) -> No
     app = load_app(config.app_spec, config.app_name)
     try:
         with _exit_if_unrecoverable(f"worker {worker.worker}"):
-            Worker(app, worker, config.kafka).run(stop)
+            Worker(app, worker, config.kafka, _snapshots(config, app)).run(stop)
     except TransportError as exc:
         if not stop():
             raise
@@ -208,8 +225,6 @@ class Supervisor:
         self.status_file = config.run_dir / self.app_name / "processes.json"
 
     def run(self) -> int:
-        from epochal.log.client import KafkaClients
-
         set_title(f"epochal: supervisor of {self.app_name}")
         os.environ["PYTHONHASHSEED"] = "0"  # inherited by every spawned child
         stop = _Stop(handle_sigint=True)
@@ -290,7 +305,6 @@ class Supervisor:
         self._start_workers()
 
     def _ensure_topics(self) -> None:
-        from epochal.log.client import KafkaClients
         from epochal.log.sequencer import Sequencer
 
         app = load_app(self.config.app_spec, self.config.app_name)
@@ -301,7 +315,7 @@ class Supervisor:
             self.config.input_partitions
         )
         clients.create_topics([app.topics.egress(name) for name in egress])
-        prepare_egress(app, clients, self.config.worker.partitions,
+        prepare_egress(app, clients, self.config.worker.partitions, _snapshots(self.config, app),
                        allow_code_change=self.config.worker.allow_code_change)  # fmt: skip
 
     def _start_sequencer(self) -> None:

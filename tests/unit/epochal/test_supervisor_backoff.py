@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epochal.actors.supervisor import RollbackBackoff
+from epochal.supervisor import RollbackBackoff
 
 
 def _backoff() -> RollbackBackoff:

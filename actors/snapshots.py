@@ -1,0 +1,198 @@
+"""A worker's part in snapshots (DESIGN §2.5, ENGINE.md §4), whatever stores them.
+
+At the end of an epoch the sequencer marked, every worker takes the changes of its partitions
+since the last snapshot (O(changed actors), on the event loop: :meth:`Engine.run_epoch`), and
+:class:`SnapshotTaker` has them written off the loop, on a thread. The written part goes to
+worker 0, whose :class:`SnapshotCommitter` commits the snapshot, on a thread of its own, once
+every worker's part is in. Epochs go on meanwhile: a snapshot never stalls the loop.
+
+Where snapshots are stored is a :class:`Snapshots` (``recovery/`` keeps them in Delta Lake);
+the engine never needs to know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import msgspec
+
+from epochal.actors.outcome import Emitted
+from epochal.actors.store import Change
+from epochal.schemas.canonical import encode_canonical
+from epochal.schemas.commands import ActorKey, EpochRecord
+from epochal.schemas.snapshots import Manifest, SnapshotPart
+
+__all__ = [
+    "Restored",
+    "SnapshotCommitter",
+    "SnapshotTaker",
+    "Snapshots",
+    "carried_of",
+    "with_log_position",
+]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A complete snapshot to resume from: its manifest row and every actor, as canonical bytes."""
+
+    manifest: Manifest
+    actors: dict[str, list[tuple[ActorKey, bytes]]]
+
+
+class Snapshots(Protocol):
+    """Where an app's snapshots live."""
+
+    def ensure_tables(self, code_hash: str) -> None:
+        """Create what storing snapshots needs (once, at start, by the committer)."""
+
+    def restore(self) -> Restored | None:
+        """The newest complete snapshot that reads back whole, or None."""
+
+    def write(self, ssid: int, worker: int, changes: Sequence[Change]) -> SnapshotPart:
+        """Store one worker's changes for snapshot ``ssid``, not yet visible (any thread)."""
+
+    def commit(self, parts: Sequence[SnapshotPart], epoch: int) -> Manifest:
+        """Make snapshot ``epoch`` visible from every worker's part, idempotently (one thread)."""
+
+    def retain(self, latest: Manifest) -> None:
+        """After ``latest`` was committed: forget snapshots no longer kept, and the records of
+        the logs that only those needed (same thread as ``commit``)."""
+
+
+def with_log_position(
+    part: SnapshotPart, record: EpochRecord, next_position: int, carried: Sequence[Emitted]
+) -> SnapshotPart:
+    """Worker 0's part says where the log stood after the snapshot's epoch: the command-log
+    position to replay from, the input positions, the epoch's time, and the interior
+    transactions that run first after it."""
+    return msgspec.structs.replace(
+        part, time_ms=record.now_ms, command_log_position=next_position,
+        input_positions=dict(record.next_offsets), carried=encode_canonical(list(carried)),
+    )  # fmt: skip
+
+
+def carried_of(manifest: Manifest) -> list[Emitted]:
+    """The interior transactions a snapshot says run first after it."""
+    return msgspec.msgpack.decode(manifest.carried, type=list[Emitted]) if manifest.carried else []
+
+
+class _Background:
+    """One thread doing one kind of work in order, and the first error it met."""
+
+    def __init__(self, name: str) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self.error: BaseException | None = None
+        self.pending = 0
+
+    def run(self, work: Callable[[], T], then: Callable[[T], None]) -> None:
+        """``work()`` on the thread, then ``then(result)`` back on the loop."""
+        loop = asyncio.get_running_loop()
+        self.pending += 1
+
+        def done(future: Future[T]) -> None:
+            def on_loop() -> None:
+                self.pending -= 1
+                if future.exception() is not None:
+                    self.error = self.error or future.exception()
+                else:
+                    then(future.result())
+
+            loop.call_soon_threadsafe(on_loop)
+
+        self._pool.submit(work).add_done_callback(done)
+
+    def check(self) -> None:
+        """Raise the thread's error on the loop, where it stops the worker (and rolls back)."""
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=False)
+
+
+class SnapshotTaker:
+    """Writes this worker's changes of each snapshot on a thread, then hands the part on.
+
+    ``deliver(part, seconds)`` runs back on the loop once the part is written.
+    """
+
+    def __init__(
+        self, snapshots: Snapshots, worker: int, deliver: Callable[[SnapshotPart, float], None]
+    ) -> None:
+        self.snapshots = snapshots
+        self.worker = worker
+        self.deliver = deliver
+        self._writer = _Background("snapshot-writer")
+
+    def take(
+        self, ssid: int, changes: Sequence[Change], head: Callable[[SnapshotPart], SnapshotPart]
+    ) -> None:
+        """Write ``changes`` off the loop; ``head`` adds what worker 0 says of the log."""
+
+        def work() -> tuple[SnapshotPart, float]:
+            started = time.perf_counter()
+            part = head(self.snapshots.write(ssid, self.worker, changes))
+            return part, time.perf_counter() - started
+
+        self._writer.run(work, lambda done: self.deliver(*done))
+
+    def check(self) -> None:
+        self._writer.check()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class SnapshotCommitter:
+    """Worker 0: collects every worker's part of a snapshot and commits it, in ssid order."""
+
+    def __init__(
+        self,
+        snapshots: Snapshots,
+        workers: int,
+        committed: Callable[[Manifest, float], None] = lambda manifest, seconds: None,
+    ) -> None:
+        self.snapshots = snapshots
+        self.workers = workers
+        self.committed = committed
+        self._parts: dict[int, dict[int, SnapshotPart]] = {}
+        self._committer = _Background("snapshot-committer")
+
+    def receive(self, part: SnapshotPart) -> None:
+        """A worker's part (worker 0's own included); commit once the snapshot is whole."""
+        parts = self._parts.setdefault(part.ssid, {})
+        parts[part.worker] = part
+        if len(parts) < self.workers:
+            return
+        del self._parts[part.ssid]
+        ordered = [parts[w] for w in sorted(parts)]
+        ssid = part.ssid
+
+        def work() -> tuple[Manifest, float]:
+            started = time.perf_counter()
+            manifest = self.snapshots.commit(ordered, ssid)
+            seconds = time.perf_counter() - started
+            self.snapshots.retain(manifest)
+            return manifest, seconds
+
+        self._committer.run(work, lambda done: self.committed(*done))
+
+    @property
+    def pending(self) -> int:
+        return self._committer.pending
+
+    def check(self) -> None:
+        self._committer.check()
+
+    def close(self) -> None:
+        self._committer.close()

@@ -1,0 +1,346 @@
+"""Snapshots in Delta Lake through delta-rs: no JVM on the workers' path.
+
+Tables under ``<warehouse>/<app>/`` (DESIGN §5), columns from the actor schemas
+(:mod:`epochal.schemas.arrow`), so any Spark user reads them as plain Delta tables:
+
+- ``state/<actor_type>``: one row per actor; a Delta version per snapshot that changed the type,
+  so time travel is history;
+- ``changes/<actor_type>``: append-only change rows (``_ssid``, ``_epoch``, ``_key``,
+  ``_deleted``, the value);
+- ``snapshots``: the manifest, a row per complete snapshot, appended **last**.
+
+The work is split so that no epoch waits for Delta: each worker writes its changed actors as
+Parquet files into ``changes/<type>`` without committing them (:meth:`DeltaSnapshots.write`, on a
+thread), and one committer (worker 0) turns the parts of every worker into one Delta version of
+each changes table, merges them into the state tables and appends the manifest row
+(:meth:`DeltaSnapshots.commit`, on a thread; delta-rs works outside the GIL).
+
+Nothing half-done is ever used: a snapshot without its manifest row does not exist, and a
+commit first puts back, to the versions the last manifest row names, any table an unfinished
+commit (a process killed mid-snapshot) moved on. Recovery (:meth:`DeltaSnapshots.restore`) takes
+the newest snapshot whose tables read back complete, skipping, with a warning, one that does not.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import msgspec
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction
+
+from epochal.actors.api import App
+from epochal.actors.digest import DigestSum
+from epochal.actors.snapshots import Restored
+from epochal.actors.store import Change
+from epochal.config import SnapshotConfig
+from epochal.errors import RecoveryError
+from epochal.log.client import KafkaClients
+from epochal.schemas.arrow import RowLayout
+from epochal.schemas.commands import ActorKey
+from epochal.schemas.snapshots import ChangeFile, Manifest, SnapshotPart
+
+__all__ = ["DeltaSnapshots", "Warehouse"]
+
+logger = logging.getLogger(__name__)
+
+_MANIFEST_SCHEMA = pa.schema([
+    pa.field("ssid", pa.int64(), nullable=False),
+    pa.field("epoch", pa.int64(), nullable=False),
+    pa.field("time", pa.timestamp("ms", tz="UTC"), nullable=False),
+    pa.field("command_log_position", pa.int64(), nullable=False),
+    pa.field("input_positions", pa.map_(pa.string(), pa.int64())),
+    pa.field("state_versions", pa.map_(pa.string(), pa.int64())),
+    pa.field("change_versions", pa.map_(pa.string(), pa.int64())),
+    pa.field("actors", pa.map_(pa.string(), pa.int64())),
+    pa.field("digest", pa.string(), nullable=False),
+    pa.field("carried", pa.binary()),
+    pa.field("partitions", pa.int64(), nullable=False),
+    pa.field("code_hash", pa.string(), nullable=False),
+])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Warehouse:
+    """Where an app's tables live: ``<root>/<app>/...``; ``root`` is a path or any URI delta-rs
+    takes (``s3://...``), ``storage_options`` its credentials."""
+
+    root: str
+    app: str
+    storage_options: Mapping[str, str] | None = None
+
+    def uri(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), self.app, *parts])
+
+    def state(self, actor_type: str) -> str:
+        return self.uri("state", actor_type)
+
+    def changes(self, actor_type: str) -> str:
+        return self.uri("changes", actor_type)
+
+    @property
+    def manifest(self) -> str:
+        return self.uri("snapshots")
+
+    @property
+    def options(self) -> dict[str, str] | None:
+        return dict(self.storage_options) if self.storage_options else None
+
+
+def _manifest_row(manifest: Manifest) -> pa.Table:
+    row = msgspec.structs.asdict(manifest)
+    row["time"] = manifest.time_ms
+    del row["time_ms"]
+    return pa.Table.from_pylist([row], schema=_MANIFEST_SCHEMA)
+
+
+def _manifest_of(row: dict[str, object]) -> Manifest:
+    time_value = row.pop("time")
+    row["time_ms"] = int(time_value.timestamp() * 1000)  # type: ignore[attr-defined]
+    for name in ("input_positions", "state_versions", "change_versions", "actors"):
+        row[name] = dict(row[name] or [])  # type: ignore[call-overload]
+    return msgspec.convert(row, Manifest)
+
+
+class DeltaSnapshots:
+    """One app's snapshots in its warehouse.
+
+    >>> snapshots = DeltaSnapshots(app, SnapshotConfig("warehouse"), partitions=4)
+    >>> part = snapshots.write(ssid=120, worker=0, changes=changes)   # each worker, on a thread
+    >>> snapshots.commit([part, ...], epoch=120)                     # worker 0, on a thread
+    """
+
+    def __init__(
+        self,
+        app: App,
+        config: SnapshotConfig,
+        partitions: int,
+        clients: KafkaClients | None = None,
+    ) -> None:
+        self.app = app
+        self.config = config
+        self.partitions = partitions
+        self.clients = clients  # to trim the logs back to the oldest snapshot kept
+        self.warehouse = Warehouse(config.warehouse, app.name, config.storage_options)
+        self.layouts = {
+            name: RowLayout.of(t.state, t.key_type) for name, t in app.actor_types.items()
+        }
+        self._code_hash = ""
+
+    # --- tables --------------------------------------------------------------------------
+
+    def ensure_tables(self, code_hash: str) -> None:
+        """Create the app's empty tables if missing (at start, never inside a snapshot)."""
+        self._code_hash = code_hash
+        options = self.warehouse.options
+        for name, layout in self.layouts.items():
+            tables = [(self.warehouse.state(name), layout.state_schema()),
+                      (self.warehouse.changes(name), layout.change_schema())]  # fmt: skip
+            for uri, schema in tables:
+                DeltaTable.create(uri, schema, mode="ignore", storage_options=options)
+        DeltaTable.create(
+            self.warehouse.manifest, _MANIFEST_SCHEMA, mode="ignore", storage_options=options
+        )
+
+    def _table(self, uri: str, version: int | None = None) -> DeltaTable:
+        return DeltaTable(uri, version=version, storage_options=self.warehouse.options)
+
+    def manifests(self) -> list[Manifest]:
+        """Every complete snapshot, oldest first."""
+        try:
+            table = self._table(self.warehouse.manifest).to_pyarrow_table()
+        except TableNotFoundError:
+            return []
+        rows = sorted(table.to_pylist(), key=lambda row: row["ssid"])
+        return [_manifest_of(row) for row in rows]
+
+    # --- a worker's part ------------------------------------------------------------------
+
+    def write(self, ssid: int, worker: int, changes: Sequence[Change]) -> SnapshotPart:
+        """Write ``changes`` (one worker's, at the end of epoch ``ssid``) as uncommitted Parquet
+        files; the part says where they are and what they add to the digest."""
+        by_type: dict[str, list[tuple[ActorKey, bytes | None]]] = {}
+        delta = 0
+        for change in changes:
+            by_type.setdefault(change.ref.actor_type, []).append((change.ref.key, change.after))
+            delta += change.digest_delta()
+        files = tuple(
+            self._write_file(name, self.layouts[name].change_table(ssid, ssid, rows), worker)
+            for name, rows in sorted(by_type.items())
+        )
+        return SnapshotPart(ssid, worker, files, DigestSum(delta).hex(), len(changes))
+
+    def _write_file(self, actor_type: str, table: pa.Table, worker: int) -> ChangeFile:
+        root = self.warehouse.changes(actor_type)
+        name = f"part-w{worker}-{uuid.uuid4().hex}.parquet"
+        filesystem, path = pafs.FileSystem.from_uri(root)
+        filesystem.create_dir(path, recursive=True)
+        pq.write_table(table, f"{path}/{name}", filesystem=filesystem)
+        size = filesystem.get_file_info(f"{path}/{name}").size
+        return ChangeFile(actor_type, name, int(size), table.num_rows)
+
+    # --- the committer -------------------------------------------------------------------
+
+    def commit(self, parts: Sequence[SnapshotPart], epoch: int) -> Manifest:
+        """Make snapshot ``epoch`` from every worker's part: changes, state, manifest last.
+
+        Idempotent: a snapshot already in the manifest is left as it is.
+        """
+        manifests = self.manifests()
+        done = next((m for m in manifests if m.ssid == epoch), None)
+        if done is not None:
+            return done
+        previous = manifests[-1] if manifests else None
+        self._put_back(previous)
+        files: dict[str, list[ChangeFile]] = {}
+        for part in parts:
+            for file in part.files:
+                files.setdefault(file.actor_type, []).append(file)
+        state_versions = dict(previous.state_versions) if previous else {}
+        change_versions = dict(previous.change_versions) if previous else {}
+        actors = dict(previous.actors) if previous else {}
+        for name, type_files in sorted(files.items()):
+            change_versions[name] = self._commit_changes(name, type_files)
+            state_versions[name], added = self._merge_state(name, type_files)
+            actors[name] = actors.get(name, 0) + added
+        head = next(p for p in parts if p.worker == 0)
+        digest = DigestSum(int(previous.digest, 16) if previous else 0)
+        for part in parts:
+            digest.total = (digest.total + int(part.digest_delta, 16)) % 2**256
+        manifest = Manifest(
+            epoch, epoch, head.time_ms, head.command_log_position, dict(head.input_positions),
+            state_versions, change_versions, actors, digest.hex(), head.carried, self.partitions,
+            self._code_hash,
+        )  # fmt: skip
+        write_deltalake(self.warehouse.manifest, _manifest_row(manifest), mode="append",
+                        storage_options=self.warehouse.options)  # fmt: skip
+        return manifest
+
+    def _put_back(self, previous: Manifest | None) -> None:
+        """Undo what an unfinished commit left: every table back to the last manifest's version."""
+        state = previous.state_versions if previous else {}
+        changes = previous.change_versions if previous else {}
+        for name in self.layouts:
+            for uri, versions in ((self.warehouse.state(name), state),
+                                  (self.warehouse.changes(name), changes)):  # fmt: skip
+                table = self._table(uri)
+                wanted = versions.get(name, 0)
+                if table.version() > wanted:
+                    logger.warning(
+                        "putting back a table an unfinished snapshot moved on table=%s "
+                        "version=%d to=%d", uri, table.version(), wanted,
+                    )  # fmt: skip
+                    table.restore(wanted)
+
+    def _commit_changes(self, actor_type: str, files: list[ChangeFile]) -> int:
+        table = self._table(self.warehouse.changes(actor_type))
+        now = int(time.time() * 1000)
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(f.path, f.size, {}, now, True, f'{{"numRecords":{f.rows}}}') for f in files
+        ]
+        table.create_write_transaction(actions, "append", self.layouts[actor_type].change_schema())
+        return int(self._table(self.warehouse.changes(actor_type)).version())
+
+    def _merge_state(self, actor_type: str, files: list[ChangeFile]) -> tuple[int, int]:
+        """Upsert and delete the changed actors into ``state/<type>``; (version, actors added)."""
+        filesystem, root = pafs.FileSystem.from_uri(self.warehouse.changes(actor_type))
+        changes = pa.concat_tables(
+            [pq.read_table(f"{root}/{f.path}", filesystem=filesystem) for f in files]
+        )
+        layout = self.layouts[actor_type]
+        columns = ["_key", "_state", *layout.fields]
+        quoted = {c: f"`{c}`" for c in columns}
+        table = self._table(self.warehouse.state(actor_type))
+        assignments = {quoted[c]: f"s.{quoted[c]}" for c in columns}
+        merger = table.merge(changes, predicate="t._key = s._key", source_alias="s",
+                             target_alias="t")  # fmt: skip
+        merger = merger.when_matched_update(assignments, predicate="s._deleted = false")
+        merger = merger.when_matched_delete(predicate="s._deleted = true")
+        merger = merger.when_not_matched_insert(assignments, predicate="s._deleted = false")
+        metrics = merger.execute()
+        added = int(metrics.get("num_target_rows_inserted", 0)) - int(
+            metrics.get("num_target_rows_deleted", 0)
+        )
+        return int(self._table(self.warehouse.state(actor_type)).version()), added
+
+    # --- retention ---------------------------------------------------------------------------
+
+    def retain(self, latest: Manifest) -> None:
+        """Expire snapshots beyond the configured count and age, then trim the command log and
+        (unless ``keep_inputs``) the input topics back to the oldest snapshot kept. ``keep`` 0
+        keeps every snapshot and the whole logs."""
+        if self.config.keep <= 0:
+            return
+        oldest = self.expire(self.config.keep, self.config.keep_ms, latest.time_ms)
+        if oldest is None or self.clients is None:
+            return
+        before = {(self.app.topics.command_log, 0): oldest.command_log_position}
+        if not self.config.keep_inputs:
+            prefix = self.app.topics.input("")
+            for key, offset in oldest.input_positions.items():
+                topic, _, partition = key.rpartition(":")
+                if topic.startswith(prefix):
+                    before[topic, int(partition)] = offset
+        self.clients.delete_records(before)
+
+    def expire(self, keep: int, keep_ms: int, now_ms: int) -> Manifest | None:
+        """Forget snapshots beyond the newest ``keep`` and older than ``keep_ms`` (0: no age
+        rule; the newest is always kept): their manifest rows go, and the state tables' files
+        no kept snapshot reads are vacuumed. Returns the oldest snapshot kept."""
+        manifests = self.manifests()
+        if not manifests:
+            return None
+        kept = manifests[-max(1, keep) :]
+        if keep_ms > 0:
+            young = [m for m in manifests if now_ms - m.time_ms < keep_ms]
+            kept = young if len(young) > len(kept) else kept
+        oldest = kept[0]
+        if oldest is not manifests[0]:
+            self._table(self.warehouse.manifest).delete(f"ssid < {oldest.ssid}")
+            for name in self.layouts:
+                versions = sorted({m.state_versions.get(name, 0) for m in kept})
+                self._table(self.warehouse.state(name)).vacuum(
+                    retention_hours=0, dry_run=False, enforce_retention_duration=False,
+                    keep_versions=versions,
+                )  # fmt: skip
+            logger.info("snapshots expired before ssid=%d kept=%d", oldest.ssid, len(kept))
+        return oldest
+
+    # --- recovery -----------------------------------------------------------------------------
+
+    def restore(self) -> Restored | None:
+        """The newest complete snapshot whose tables read back whole, or None if there is none.
+
+        A snapshot whose files are missing or unreadable, or whose actor counts differ from its
+        manifest row, is skipped with a warning naming it; the one before is tried.
+        """
+        for manifest in reversed(self.manifests()):
+            try:
+                actors = {name: self._actors(name, manifest) for name in self.layouts}
+            except (DeltaError, OSError, pa.ArrowException, RecoveryError) as exc:
+                logger.warning("snapshot skipped ssid=%d: %s", manifest.ssid, exc)
+                continue
+            return Restored(manifest, actors)
+        return None
+
+    def _actors(self, actor_type: str, manifest: Manifest) -> list[tuple[ActorKey, bytes]]:
+        version = manifest.state_versions.get(actor_type, 0)
+        table = self._table(self.warehouse.state(actor_type), version)
+        data = table.to_pyarrow_table(columns=["_key", "_state"])
+        expected = manifest.actors.get(actor_type, 0)
+        if data.num_rows != expected:
+            raise RecoveryError(
+                "a snapshot's state table holds another number of actors than its manifest says",
+                ssid=manifest.ssid, table=self.warehouse.state(actor_type), version=version,
+                rows=data.num_rows, expected=expected,
+            )  # fmt: skip
+        return list(zip(data.column("_key").to_pylist(), data.column("_state").to_pylist(),
+                        strict=True))  # fmt: skip
