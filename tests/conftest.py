@@ -8,6 +8,7 @@ ports in a temporary data directory and stopped at the end of the run.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,24 +30,32 @@ from epochal.log.local_broker import LocalBroker
 
 
 def free_ports(count: int) -> int:
-    """A port p such that p .. p+count-1 are free on 127.0.0.1."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = int(probe.getsockname()[1])
-        if port + count > 65536:
-            continue
-        taken = False
-        for offset in range(1, count):
-            with socket.socket() as other:
-                try:
-                    other.bind(("127.0.0.1", port + offset))
-                except OSError:
-                    taken = True
-                    break
-        if not taken:
+    """A port p such that p .. p+count-1 are free on 127.0.0.1, below the kernel's ephemeral
+    range: a port from that range can be taken meanwhile by any outgoing connection (a Kafka
+    client's, say) before the worker that was given it binds it."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low - count)
+        if all(_bindable(port + offset) for offset in range(count)):
             return port
     raise RuntimeError(f"no {count} adjacent free ports on 127.0.0.1")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; macOS starts at 49152
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port_pair() -> int:
