@@ -116,6 +116,12 @@ class Worker:
                               "time committing snapshots (worker 0)")  # fmt: skip
         self.metrics.describe("epochal_snapshot_lag_epochs", "gauge",
                               "epochs since the last committed snapshot (worker 0)")  # fmt: skip
+        self.metrics.describe("epochal_recovery_seconds", "gauge",
+                              "start until caught up with the log: load, replay")  # fmt: skip
+        self.metrics.describe("epochal_recovery_replayed_records", "gauge",
+                              "command-log records replayed since the start")  # fmt: skip
+        self.metrics.describe("epochal_recovery_remaining_records", "gauge",
+                              "command-log records still to replay (0 once caught up)")  # fmt: skip
         self.metrics.describe("epochal_resume_seconds", "gauge", "time to load the snapshot")
 
     def run(self, should_stop: Callable[[], bool]) -> None:
@@ -140,6 +146,7 @@ class Worker:
         engine = Engine(self.app, config.partitions, config.worker, config.workers, peers,
                         track_digest=config.track_digest,
                         snapshots=self.snapshots is not None)  # fmt: skip
+        started = time.perf_counter()
         resumed = await self._resume(engine)
         if peers is not None:
             peers.resumed = resumed.ssid if resumed else -1
@@ -148,9 +155,13 @@ class Worker:
         if peers is not None:
             await peers.start()
         progress = _Progress.after(resumed)
-        poller = KafkaCommandLog(self.clients, self.app.topics.command_log).poller(progress.next)
-        ticker = _InteriorTicker(self.clients, self.app, config)
         loop = asyncio.get_running_loop()
+        poller = KafkaCommandLog(self.clients, self.app.topics.command_log).poller(progress.next)
+        head = await loop.run_in_executor(
+            None, self.clients.end_offset, self.app.topics.command_log
+        )
+        recovery = _Recovery(self, progress.next, head, started, resumed)
+        ticker = _InteriorTicker(self.clients, self.app, config)
         logger.info("worker started worker=%d partitions=%s generation=%d from_epoch=%d",
                     config.worker, list(engine.partitions), config.generation,
                     progress.epoch)  # fmt: skip
@@ -160,6 +171,7 @@ class Worker:
                 epochs = await loop.run_in_executor(None, poller.poll, 0.05, _POLL_CHUNKS)
                 for logged in epochs:
                     await self._epoch(engine, logged, writers, taking, progress)
+                recovery.after_poll(progress.next, bool(epochs))
                 if time.monotonic() - progress.committed_at >= config.egress_interval_ms / 1000:
                     await progress.commit(writers)
                 ticker.after_poll(bool(epochs), progress.epoch - 1, bool(engine.carried))
@@ -284,6 +296,40 @@ class _Progress:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, _commit_all, writers, self.next)
         self.committed_at = time.monotonic()
+
+
+class _Recovery:
+    """A (re)started worker until it has replayed the command log as far as it reached at the
+    start (or the log goes idle): how much is left, and how long catching up took."""
+
+    def __init__(
+        self, worker: Worker, start: int, head: int, started: float, resumed: Manifest | None
+    ) -> None:
+        self.metrics = worker.metrics
+        self.worker = worker.config.worker
+        self.start = start
+        self.head = head  # the log's end at the start: a transaction marker follows the last epoch
+        self.started = started
+        self.ssid = resumed.ssid if resumed else -1
+        self.done = False
+        self.metrics.set("epochal_recovery_remaining_records", max(0, head - 1 - start))
+
+    def after_poll(self, next_position: int, got_epochs: bool) -> None:
+        if self.done:
+            return
+        self.metrics.set("epochal_recovery_replayed_records", next_position - self.start)
+        self.metrics.set(
+            "epochal_recovery_remaining_records", max(0, self.head - 1 - next_position)
+        )
+        if got_epochs and next_position < self.head - 1:
+            return
+        self.done = True
+        seconds = time.perf_counter() - self.started
+        self.metrics.set("epochal_recovery_seconds", seconds)
+        self.metrics.set("epochal_recovery_remaining_records", 0)
+        logger.info("recovered worker=%d from_ssid=%d from_position=%d replayed_records=%d "
+                    "seconds=%.3f", self.worker, self.ssid, self.start,
+                    next_position - self.start, seconds)  # fmt: skip
 
 
 def _check(peers: Peers | None, taking: _Snapshotting | None) -> None:
