@@ -26,7 +26,7 @@ from epochal.actors.outcome import Emitted
 from epochal.actors.store import Change
 from epochal.schemas.canonical import encode_canonical
 from epochal.schemas.commands import ActorKey, EpochRecord
-from epochal.schemas.snapshots import Manifest, SnapshotPart
+from epochal.schemas.snapshots import Manifest, OutboxRow, SnapshotPart
 
 __all__ = [
     "Restored",
@@ -58,8 +58,23 @@ class Snapshots(Protocol):
     def restore(self) -> Restored | None:
         """The newest complete snapshot that reads back whole, or None."""
 
-    def write(self, ssid: int, worker: int, changes: Sequence[Change]) -> SnapshotPart:
-        """Store one worker's changes for snapshot ``ssid``, not yet visible (any thread)."""
+    def write(
+        self,
+        ssid: int,
+        worker: int,
+        changes: Sequence[Change],
+        *,
+        commands: Sequence[EpochRecord] = (),
+        outbox: Sequence[OutboxRow] = (),
+    ) -> SnapshotPart:
+        """Store one worker's changes for snapshot ``ssid``, not yet visible (any thread), with
+        the epochs it closes (``commands``, worker 0) and the egress it holds (weak mode)."""
+
+    def outbox(
+        self, manifest: Manifest, partitions: Sequence[int], from_epoch: int
+    ) -> list[OutboxRow]:
+        """Weak mode: the egress of ``partitions`` held by the snapshots up to ``manifest``,
+        from epoch ``from_epoch`` on, in order."""
 
     def commit(self, parts: Sequence[SnapshotPart], epoch: int) -> Manifest:
         """Make snapshot ``epoch`` visible from every worker's part, idempotently (one thread)."""
@@ -135,13 +150,22 @@ class SnapshotTaker:
         self._writer = _Background("snapshot-writer")
 
     def take(
-        self, ssid: int, changes: Sequence[Change], head: Callable[[SnapshotPart], SnapshotPart]
+        self,
+        ssid: int,
+        changes: Sequence[Change],
+        head: Callable[[SnapshotPart], SnapshotPart],
+        *,
+        commands: Sequence[EpochRecord] = (),
+        outbox: Sequence[OutboxRow] = (),
     ) -> None:
-        """Write ``changes`` off the loop; ``head`` adds what worker 0 says of the log."""
+        """Write ``changes`` (and the log rows) off the loop; ``head`` adds what worker 0 says of
+        the log."""
 
         def work() -> tuple[SnapshotPart, float]:
             started = time.perf_counter()
-            part = head(self.snapshots.write(ssid, self.worker, changes))
+            written = self.snapshots.write(ssid, self.worker, changes, commands=commands,
+                                           outbox=outbox)  # fmt: skip
+            part = head(written)
             return part, time.perf_counter() - started
 
         self._writer.run(work, lambda done: self.deliver(*done))

@@ -7,6 +7,7 @@ Tables under ``<warehouse>/<app>/`` (DESIGN §5), columns from the actor schemas
   so time travel is history;
 - ``changes/<actor_type>``: append-only change rows (``_ssid``, ``_epoch``, ``_key``,
   ``_deleted``, the value);
+- ``commands`` and ``outbox``: append-only log tables (:mod:`epochal.recovery.log_tables`);
 - ``snapshots``: the manifest, a row per complete snapshot, appended **last**.
 
 The work is split so that no epoch waits for Delta: each worker writes its changed actors as
@@ -44,9 +45,15 @@ from epochal.actors.store import Change
 from epochal.config import SnapshotConfig
 from epochal.errors import RecoveryError
 from epochal.log.client import KafkaClients
+from epochal.recovery.log_tables import (
+    COMMANDS_SCHEMA,
+    OUTBOX_SCHEMA,
+    commands_table,
+    outbox_table,
+)
 from epochal.schemas.arrow import RowLayout
-from epochal.schemas.commands import ActorKey
-from epochal.schemas.snapshots import ChangeFile, Manifest, SnapshotPart
+from epochal.schemas.commands import ActorKey, EpochRecord
+from epochal.schemas.snapshots import ChangeFile, LogFile, Manifest, OutboxRow, SnapshotPart
 
 __all__ = ["DeltaSnapshots", "Warehouse"]
 
@@ -65,7 +72,10 @@ _MANIFEST_SCHEMA = pa.schema([
     pa.field("carried", pa.binary()),
     pa.field("partitions", pa.int64(), nullable=False),
     pa.field("code_hash", pa.string(), nullable=False),
+    pa.field("log_versions", pa.map_(pa.string(), pa.int64())),
+    pa.field("recovery", pa.string(), nullable=False),
 ])  # fmt: skip
+_LOG_TABLES = {"commands": COMMANDS_SCHEMA, "outbox": OUTBOX_SCHEMA}
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,10 @@ class Warehouse:
     def changes(self, actor_type: str) -> str:
         return self.uri("changes", actor_type)
 
+    def log(self, table: str) -> str:
+        """``commands`` or ``outbox``."""
+        return self.uri(table)
+
     @property
     def manifest(self) -> str:
         return self.uri("snapshots")
@@ -104,8 +118,8 @@ def _manifest_row(manifest: Manifest) -> pa.Table:
 
 def _manifest_of(row: dict[str, object]) -> Manifest:
     time_value = row.pop("time")
-    row["time_ms"] = int(time_value.timestamp() * 1000)  # type: ignore[attr-defined]
-    for name in ("input_positions", "state_versions", "change_versions", "actors"):
+    row["time_ms"] = round(time_value.timestamp() * 1000)  # type: ignore[attr-defined]
+    for name in ("input_positions", "state_versions", "change_versions", "actors", "log_versions"):
         row[name] = dict(row[name] or [])  # type: ignore[call-overload]
     return msgspec.convert(row, Manifest)
 
@@ -146,6 +160,9 @@ class DeltaSnapshots:
                       (self.warehouse.changes(name), layout.change_schema())]  # fmt: skip
             for uri, schema in tables:
                 DeltaTable.create(uri, schema, mode="ignore", storage_options=options)
+        for table, schema in _LOG_TABLES.items():
+            DeltaTable.create(self.warehouse.log(table), schema, mode="ignore",
+                              storage_options=options)  # fmt: skip
         DeltaTable.create(
             self.warehouse.manifest, _MANIFEST_SCHEMA, mode="ignore", storage_options=options
         )
@@ -164,9 +181,19 @@ class DeltaSnapshots:
 
     # --- a worker's part ------------------------------------------------------------------
 
-    def write(self, ssid: int, worker: int, changes: Sequence[Change]) -> SnapshotPart:
+    def write(
+        self,
+        ssid: int,
+        worker: int,
+        changes: Sequence[Change],
+        *,
+        commands: Sequence[EpochRecord] = (),
+        outbox: Sequence[OutboxRow] = (),
+    ) -> SnapshotPart:
         """Write ``changes`` (one worker's, at the end of epoch ``ssid``) as uncommitted Parquet
-        files; the part says where they are and what they add to the digest."""
+        files; the part says where they are and what they add to the digest. ``commands`` (worker
+        0: the epochs since the last snapshot) and ``outbox`` (weak mode: the egress these epochs
+        hold back) go to the log tables the same way."""
         by_type: dict[str, list[tuple[ActorKey, bytes | None]]] = {}
         delta = 0
         for change in changes:
@@ -176,16 +203,29 @@ class DeltaSnapshots:
             self._write_file(name, self.layouts[name].change_table(ssid, ssid, rows), worker)
             for name, rows in sorted(by_type.items())
         )
-        return SnapshotPart(ssid, worker, files, DigestSum(delta).hex(), len(changes))
+        logs = []
+        if commands:
+            logs.append(self._write_log("commands", commands_table(self.app, ssid, commands),
+                                        worker))  # fmt: skip
+        if outbox:
+            logs.append(self._write_log("outbox", outbox_table(ssid, outbox), worker))
+        return SnapshotPart(ssid, worker, files, DigestSum(delta).hex(), len(changes),
+                            logs=tuple(logs))  # fmt: skip
 
     def _write_file(self, actor_type: str, table: pa.Table, worker: int) -> ChangeFile:
-        root = self.warehouse.changes(actor_type)
+        name, size = self._write_parquet(self.warehouse.changes(actor_type), table, worker)
+        return ChangeFile(actor_type, name, size, table.num_rows)
+
+    def _write_log(self, log_table: str, table: pa.Table, worker: int) -> LogFile:
+        name, size = self._write_parquet(self.warehouse.log(log_table), table, worker)
+        return LogFile(log_table, name, size, table.num_rows)
+
+    def _write_parquet(self, root: str, table: pa.Table, worker: int) -> tuple[str, int]:
         name = f"part-w{worker}-{uuid.uuid4().hex}.parquet"
         filesystem, path = pafs.FileSystem.from_uri(root)
         filesystem.create_dir(path, recursive=True)
         pq.write_table(table, f"{path}/{name}", filesystem=filesystem)
-        size = filesystem.get_file_info(f"{path}/{name}").size
-        return ChangeFile(actor_type, name, int(size), table.num_rows)
+        return name, int(filesystem.get_file_info(f"{path}/{name}").size)
 
     # --- the committer -------------------------------------------------------------------
 
@@ -208,9 +248,16 @@ class DeltaSnapshots:
         change_versions = dict(previous.change_versions) if previous else {}
         actors = dict(previous.actors) if previous else {}
         for name, type_files in sorted(files.items()):
-            change_versions[name] = self._commit_changes(name, type_files)
+            change_versions[name] = self._append(
+                self.warehouse.changes(name), type_files, self.layouts[name].change_schema()
+            )
             state_versions[name], added = self._merge_state(name, type_files)
             actors[name] = actors.get(name, 0) + added
+        log_versions = dict(previous.log_versions) if previous else {}
+        for table, schema in _LOG_TABLES.items():
+            log_files = [f for part in parts for f in part.logs if f.table == table]
+            if log_files:
+                log_versions[table] = self._append(self.warehouse.log(table), log_files, schema)
         head = next(p for p in parts if p.worker == 0)
         digest = DigestSum(int(previous.digest, 16) if previous else 0)
         for part in parts:
@@ -218,7 +265,7 @@ class DeltaSnapshots:
         manifest = Manifest(
             epoch, epoch, head.time_ms, head.command_log_position, dict(head.input_positions),
             state_versions, change_versions, actors, digest.hex(), head.carried, self.partitions,
-            self._code_hash,
+            self._code_hash, log_versions, self.config.recovery,
         )  # fmt: skip
         write_deltalake(self.warehouse.manifest, _manifest_row(manifest), mode="append",
                         storage_options=self.warehouse.options)  # fmt: skip
@@ -228,26 +275,28 @@ class DeltaSnapshots:
         """Undo what an unfinished commit left: every table back to the last manifest's version."""
         state = previous.state_versions if previous else {}
         changes = previous.change_versions if previous else {}
+        logs = previous.log_versions if previous else {}
+        wanted = [(self.warehouse.log(name), logs.get(name, 0)) for name in _LOG_TABLES]
         for name in self.layouts:
-            for uri, versions in ((self.warehouse.state(name), state),
-                                  (self.warehouse.changes(name), changes)):  # fmt: skip
-                table = self._table(uri)
-                wanted = versions.get(name, 0)
-                if table.version() > wanted:
-                    logger.warning(
-                        "putting back a table an unfinished snapshot moved on table=%s "
-                        "version=%d to=%d", uri, table.version(), wanted,
-                    )  # fmt: skip
-                    table.restore(wanted)
+            wanted.append((self.warehouse.state(name), state.get(name, 0)))
+            wanted.append((self.warehouse.changes(name), changes.get(name, 0)))
+        for uri, version in wanted:
+            table = self._table(uri)
+            if table.version() > version:
+                logger.warning(
+                    "putting back a table an unfinished snapshot moved on table=%s "
+                    "version=%d to=%d", uri, table.version(), version,
+                )  # fmt: skip
+                table.restore(version)
 
-    def _commit_changes(self, actor_type: str, files: list[ChangeFile]) -> int:
-        table = self._table(self.warehouse.changes(actor_type))
+    def _append(self, uri: str, files: Sequence[ChangeFile | LogFile], schema: pa.Schema) -> int:
+        """Add written files to an append-only table in one Delta version; that version."""
         now = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = [
             AddAction(f.path, f.size, {}, now, True, f'{{"numRecords":{f.rows}}}') for f in files
         ]
-        table.create_write_transaction(actions, "append", self.layouts[actor_type].change_schema())
-        return int(self._table(self.warehouse.changes(actor_type)).version())
+        self._table(uri).create_write_transaction(actions, "append", schema)
+        return int(self._table(uri).version())
 
     def _merge_state(self, actor_type: str, files: list[ChangeFile]) -> tuple[int, int]:
         """Upsert and delete the changed actors into ``state/<type>``; (version, actors added)."""
@@ -271,6 +320,25 @@ class DeltaSnapshots:
         )
         return int(self._table(self.warehouse.state(actor_type)).version()), added
 
+    def outbox(
+        self, manifest: Manifest, partitions: Sequence[int], from_epoch: int
+    ) -> list[OutboxRow]:
+        """The held egress of ``partitions`` from epoch ``from_epoch`` up to snapshot
+        ``manifest``, in the order it was produced (weak mode: what a crash kept from release)."""
+        version = manifest.log_versions.get("outbox")
+        if version is None or not partitions:
+            return []
+        table = self._table(self.warehouse.log("outbox"), version).to_pyarrow_table(
+            filters=[("_epoch", ">=", from_epoch), ("_ssid", "<=", manifest.ssid),
+                     ("partition", "in", list(partitions))],
+        )  # fmt: skip
+        table = table.sort_by([("_epoch", "ascending"), ("partition", "ascending"),
+                               ("_n", "ascending")])  # fmt: skip
+        return [
+            OutboxRow(row["_epoch"], row["partition"], row["topic"], row["value"])
+            for row in table.to_pylist()
+        ]
+
     # --- retention ---------------------------------------------------------------------------
 
     def retain(self, latest: Manifest) -> None:
@@ -282,7 +350,9 @@ class DeltaSnapshots:
         oldest = self.expire(self.config.keep, self.config.keep_ms, latest.time_ms)
         if oldest is None or self.clients is None:
             return
-        before = {(self.app.topics.command_log, 0): oldest.command_log_position}
+        before: dict[tuple[str, int], int] = {}
+        if oldest.recovery == "strong":  # in weak mode there is no command log to trim
+            before[self.app.topics.command_log, 0] = oldest.command_log_position
         if not self.config.keep_inputs:
             prefix = self.app.topics.input("")
             for key, offset in oldest.input_positions.items():
@@ -316,13 +386,15 @@ class DeltaSnapshots:
 
     # --- recovery -----------------------------------------------------------------------------
 
-    def restore(self) -> Restored | None:
-        """The newest complete snapshot whose tables read back whole, or None if there is none.
+    def restore(self, ssid: int | None = None) -> Restored | None:
+        """The newest complete snapshot (at or before ``ssid``, if given) whose tables read back
+        whole, or None if there is none.
 
         A snapshot whose files are missing or unreadable, or whose actor counts differ from its
         manifest row, is skipped with a warning naming it; the one before is tried.
         """
-        for manifest in reversed(self.manifests()):
+        manifests = [m for m in self.manifests() if ssid is None or m.ssid <= ssid]
+        for manifest in reversed(manifests):
             try:
                 actors = {name: self._actors(name, manifest) for name in self.layouts}
             except (DeltaError, OSError, pa.ArrowException, RecoveryError) as exc:

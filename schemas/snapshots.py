@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["ChangeFile", "Manifest", "SnapshotPart"]
+__all__ = ["ChangeFile", "LogFile", "Manifest", "OutboxRow", "SnapshotPart"]
 
 
 class ChangeFile(msgspec.Struct, frozen=True, array_like=True):
@@ -20,6 +20,26 @@ class ChangeFile(msgspec.Struct, frozen=True, array_like=True):
     path: str  # relative to the table's root
     size: int
     rows: int
+
+
+class LogFile(msgspec.Struct, frozen=True, array_like=True):
+    """A Parquet file of log rows for the append-only table ``table`` (``commands``: the
+    epochs since the last snapshot; ``outbox``: egress a weak-mode snapshot releases), written
+    but not committed."""
+
+    table: str
+    path: str  # relative to the table's root
+    size: int
+    rows: int
+
+
+class OutboxRow(msgspec.Struct, frozen=True, array_like=True):
+    """One egress record held until its snapshot commits: ``n`` orders a partition's records."""
+
+    epoch: int
+    partition: int
+    topic: str
+    value: bytes
 
 
 class SnapshotPart(msgspec.Struct, frozen=True):
@@ -39,6 +59,7 @@ class SnapshotPart(msgspec.Struct, frozen=True):
     command_log_position: int = 0
     input_positions: dict[str, int] = {}
     carried: bytes = b""
+    logs: tuple[LogFile, ...] = ()
 
 
 class Manifest(msgspec.Struct, frozen=True):
@@ -48,7 +69,10 @@ class Manifest(msgspec.Struct, frozen=True):
     ``state/<type>`` and ``changes/<type>`` that holds this snapshot (a Delta version is not an
     ssid: map one to the other here). ``actors`` counts each type's actors, ``digest`` is the
     state digest (:mod:`epochal.actors.digest`), ``carried`` the interior transactions emitted
-    in the snapshot's epoch (msgpack), to run first after it.
+    in the snapshot's epoch (msgpack), to run first after it. ``log_versions`` gives the Delta
+    version of ``commands`` and ``outbox`` that holds this snapshot's rows; ``recovery`` the
+    mode (``strong`` or ``weak``) the snapshot was taken in: in weak mode
+    ``command_log_position`` is the next epoch's number (there is no command log).
     """
 
     ssid: int
@@ -63,3 +87,5 @@ class Manifest(msgspec.Struct, frozen=True):
     carried: bytes
     partitions: int
     code_hash: str
+    log_versions: dict[str, int] = {}
+    recovery: str = "strong"

@@ -9,6 +9,7 @@ import asyncio
 import random
 from pathlib import Path
 
+import msgspec
 import pytest
 from pyspark.sql import SparkSession
 
@@ -17,10 +18,11 @@ from epochal.actors.engine import Engine, EpochResult
 from epochal.actors.oracle import SerialOracle
 from epochal.actors.snapshots import carried_of, with_log_position
 from epochal.config import SnapshotConfig
+from epochal.recovery.log_tables import OUTBOX_SCHEMA, epochs_of
 from epochal.recovery.snapshots import DeltaSnapshots
 from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.commands import EpochRecord
-from epochal.schemas.snapshots import Manifest
+from epochal.schemas.snapshots import Manifest, OutboxRow
 from tests.unit.actors.workload import Account, Deposit, Transfer, app, command_log
 
 pytestmark = pytest.mark.integration
@@ -96,7 +98,9 @@ def test_an_unfinished_commit_is_put_back_and_a_commit_is_idempotent(tmp_path: P
     ]  # fmt: skip
     snapshots.commit([parts[0]], first.epoch)
     # a committer killed mid-way through the second: its changes table moved on, no manifest
-    snapshots._commit_changes("Account", [f for f in parts[1].files if f.actor_type == "Account"])
+    uri, schema = snapshots.warehouse.changes("Account"), snapshots.layouts["Account"]
+    snapshots._append(uri, [f for f in parts[1].files if f.actor_type == "Account"],
+                      schema.change_schema())  # fmt: skip
     assert [m.ssid for m in snapshots.manifests()] == [first.epoch]
     assert snapshots.restore().manifest.ssid == first.epoch  # type: ignore[union-attr]
     manifest = snapshots.commit([parts[1]], second.epoch)  # puts the table back first
@@ -148,3 +152,48 @@ def test_plain_spark_reads_a_snapshot_version_as_of_its_manifest_row(
     }
     assert balances == expected
     assert state_digest(oracle.state.items()) == first.digest
+
+
+def test_snapshots_archive_their_epochs_and_hold_weak_egress_until_committed(
+    tmp_path: Path,
+) -> None:
+    """``commands`` gives back exactly the epochs each snapshot closed (empty ones included);
+    ``outbox`` gives a partition's held egress in order, only once its snapshot committed, and
+    an unfinished commit's rows are put back like its changes."""
+    records = _log(epochs=9)
+    records[4] = msgspec.structs.replace(records[4], txns=())  # an epoch with nothing logged
+    snapshots = _snapshots(tmp_path)
+    engine = Engine(app, 4, snapshots=True)
+    results = asyncio.run(engine.run(records))
+    cuts = [r.epoch for r in results if r.changes is not None]
+    held = {
+        ssid: [OutboxRow(ssid, p % 4, f"t{p}", f"{ssid}/{p}".encode()) for p in range(10)]
+        for ssid in cuts
+    }
+    start = 0
+    for result in results:
+        if result.changes is None:
+            continue
+        part = snapshots.write(result.epoch, 0, result.changes,
+                               commands=records[start : result.epoch + 1],
+                               outbox=held[result.epoch])  # fmt: skip
+        start = result.epoch + 1
+        part = with_log_position(part, records[result.epoch], result.epoch + 1, [])
+        if result.epoch == cuts[-1]:  # killed after the log tables moved, before the manifest
+            snapshots._append(snapshots.warehouse.log("outbox"), part.logs, OUTBOX_SCHEMA)
+            break
+        manifest = snapshots.commit([part], result.epoch)
+    commands = snapshots._table(snapshots.warehouse.log("commands"),
+                                manifest.log_versions["commands"])  # fmt: skip
+    archived = epochs_of(commands.to_pyarrow_table())
+    assert [(r.epoch, r.now_ms, r.seed, r.txns) for r in archived] == [
+        (r.epoch, r.now_ms, r.seed, r.txns) for r in records[: manifest.epoch + 1]
+    ]
+    assert SerialOracle(app).run(archived)[-1].digest == manifest.digest
+    rows = snapshots.outbox(manifest, [1, 2], from_epoch=cuts[1])
+    wanted = [r for s in cuts[1:-1] for r in held[s] if r.partition in (1, 2)]
+    assert rows == sorted(wanted, key=lambda r: (r.epoch, r.partition))  # each partition's order
+    assert snapshots.outbox(manifest, [1], from_epoch=manifest.epoch + 1) == []
+    snapshots.commit([part], cuts[-1])  # puts the stray outbox version back first
+    outbox = snapshots._table(snapshots.warehouse.log("outbox")).to_pyarrow_table()
+    assert outbox.column("_ssid").to_pylist().count(cuts[-1]) == len(held[cuts[-1]])
