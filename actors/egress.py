@@ -103,9 +103,11 @@ class _OldLayout:
             state = read_egress_state(clients, app.name)  # after the writers fenced their zombies
             for writer in writers:
                 writer.covered = state.start(writer.partition)
+            restored = self.snapshots.restore() if self.snapshots is not None else None
+            if restored is not None and restored.manifest.recovery == "weak":
+                return self._release_held(writers, restored)
             end = clients.end_offset(app.topics.command_log)
             if min(w.covered for w in writers) < end:
-                restored = self.snapshots.restore() if self.snapshots is not None else None
                 asyncio.run(self._release(writers, restored))
             for writer in writers:
                 writer.commit(max(end, writer.covered))
@@ -113,6 +115,19 @@ class _OldLayout:
         finally:
             for writer in writers:
                 writer.close()
+
+    def _release_held(self, writers: list[EgressWriter], restored: Restored) -> int:
+        """Weak mode: no log to replay; the old writers release what the latest snapshot holds
+        for them (a crash came between its commit and their release). Returns the next epoch."""
+        assert self.snapshots is not None
+        manifest = restored.manifest
+        start = min(w.covered for w in writers)
+        for row in self.snapshots.outbox(manifest, range(len(writers)), start):
+            if row.epoch >= writers[row.partition].covered:
+                writers[row.partition].add(row.topic, row.value)
+        for writer in writers:
+            writer.commit(max(manifest.ssid + 1, writer.covered))
+        return manifest.ssid + 1
 
     async def _release(self, writers: list[EgressWriter], restored: Restored | None) -> None:
         """Replay from the latest snapshot (every writer released what came before it: a worker

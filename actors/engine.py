@@ -26,7 +26,14 @@ from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import EpochClock, emitted_by, plan_epoch
 from epochal.actors.store import Change, StateStore
-from epochal.actors.transport import DoneFrame, PartFrame, Peers, ReadItem, ReadsFrame
+from epochal.actors.transport import (
+    DoneFrame,
+    PartFrame,
+    PeerFrame,
+    Peers,
+    ReadItem,
+    ReadsFrame,
+)
 from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.commands import ActorKey, EpochRecord, KeyRef, PartitionId
 from epochal.schemas.snapshots import SnapshotPart
@@ -92,6 +99,7 @@ class Engine:
             peers.on_frame = self.on_frame
         self.carried: list[Emitted] = []
         self.on_part: Callable[[SnapshotPart], None] = lambda part: None  # worker 0's committer
+        self.on_committed: Callable[[int], None] = lambda ssid: None  # worker 0 said: committed
         self._done: dict[int, dict[int, list[Emitted]]] = {}
         self._done_arrived = asyncio.Event()
 
@@ -107,7 +115,7 @@ class Engine:
             await self.peers.flush()
         await asyncio.sleep(0)  # let the receivers run
 
-    def on_frame(self, frame: ReadsFrame | DoneFrame | PartFrame) -> None:
+    def on_frame(self, frame: PeerFrame) -> None:
         """Frames from other workers (the transport calls this)."""
         if isinstance(frame, ReadsFrame):
             reads: Reads = {KeyRef(i.actor_type, i.key): i.value for i in frame.items}
@@ -115,8 +123,10 @@ class Engine:
         elif isinstance(frame, DoneFrame):
             self._done.setdefault(frame.epoch, {})[frame.worker] = frame.emits
             self._done_arrived.set()
-        else:
+        elif isinstance(frame, PartFrame):
             self.on_part(frame.part)
+        else:
+            self.on_committed(frame.ssid)
 
     # --- epochs ----------------------------------------------------------------------------
 

@@ -24,11 +24,13 @@ from epochal.schemas.commands import ActorKey
 from epochal.schemas.snapshots import SnapshotPart
 
 __all__ = [
+    "CommittedFrame",
     "DoneFrame",
     "Frame",
     "HeartbeatFrame",
     "HelloFrame",
     "PartFrame",
+    "PeerFrame",
     "Peers",
     "ReadItem",
     "ReadsFrame",
@@ -83,13 +85,22 @@ class PartFrame(msgspec.Struct, frozen=True, array_like=True, tag="s"):
     part: SnapshotPart
 
 
+class CommittedFrame(msgspec.Struct, frozen=True, array_like=True, tag="c"):
+    """Worker 0 to the others: snapshot ``ssid`` committed (weak mode releases egress then)."""
+
+    generation: int
+    ssid: int
+
+
 class HeartbeatFrame(msgspec.Struct, frozen=True, array_like=True, tag="b"):
     """Sent to every peer four times per failure bound: a peer silent for longer has failed."""
 
     generation: int
 
 
-Frame = ReadsFrame | DoneFrame | PartFrame | HelloFrame | HeartbeatFrame
+PeerFrame = ReadsFrame | DoneFrame | PartFrame | CommittedFrame
+"""What a worker's engine handles; hellos and heart-beats stay in the transport."""
+Frame = PeerFrame | HelloFrame | HeartbeatFrame
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Frame)
 
@@ -118,7 +129,9 @@ class Peers:
     worker: int
     addresses: list[str]
     generation: int
-    on_frame: Callable[[ReadsFrame | DoneFrame | PartFrame], None] = field(default=lambda f: None)
+    on_frame: Callable[[ReadsFrame | DoneFrame | PartFrame | CommittedFrame], None] = field(
+        default=lambda f: None
+    )
     connect_timeout_s: float = 30.0
     failure_timeout_s: float = 6.0
     resumed: int = -1

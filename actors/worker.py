@@ -22,7 +22,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,17 +39,18 @@ from epochal.actors.snapshots import (
     with_log_position,
 )
 from epochal.actors.store import Change
-from epochal.actors.transport import PartFrame, Peers
+from epochal.actors.transport import CommittedFrame, PartFrame, Peers
 from epochal.config import KafkaConfig, WorkerConfig
 from epochal.errors import ConfigError, LogError
 from epochal.log.client import KafkaClients
-from epochal.log.command_log import KafkaCommandLog, LoggedEpoch
+from epochal.log.command_log import EpochPoller, KafkaCommandLog, LoggedEpoch
 from epochal.log.egress import EgressWriter, read_egress_state
+from epochal.log.epoch_feed import EpochFeed, FeedClosed, FeedHello, stopping_soon
 from epochal.log.membership import while_member, worker_member
 from epochal.metrics import Metrics, serve_metrics
 from epochal.schemas.codec import encode
-from epochal.schemas.commands import ClientRequest, PartitionId
-from epochal.schemas.snapshots import Manifest, SnapshotPart
+from epochal.schemas.commands import ClientRequest, EpochRecord, PartitionId
+from epochal.schemas.snapshots import Manifest, OutboxRow, SnapshotPart
 
 __all__ = ["Worker"]
 
@@ -99,6 +100,9 @@ class Worker:
         self.snapshots = snapshots
         self.clients = KafkaClients(kafka)
         self.code_hash = app.code_hash()  # reads source files: once, not per epoch
+        self.weak = bool(config.feed)  # weak recovery: epochs from the sequencer, egress held
+        if self.weak and snapshots is None:
+            raise ConfigError("weak recovery needs snapshots: they release its egress")
         self.metrics = Metrics(app=app.name, worker=str(config.worker))
         self.metrics.describe("epochal_transactions_total", "counter", "transactions by outcome")
         self.metrics.describe("epochal_aborts_total", "counter", "aborts by handler and reason")
@@ -151,15 +155,12 @@ class Worker:
         if peers is not None:
             peers.resumed = resumed.ssid if resumed else -1
         writers = self._open_egress(engine)
-        taking = _Snapshotting(self, engine, peers) if self.snapshots is not None else None
+        taking = _Snapshotting(self, engine, peers, writers) if self.snapshots is not None else None
         if peers is not None:
             await peers.start()
         progress = _Progress.after(resumed)
         loop = asyncio.get_running_loop()
-        poller = KafkaCommandLog(self.clients, self.app.topics.command_log).poller(progress.next)
-        head = await loop.run_in_executor(
-            None, self.clients.end_offset, self.app.topics.command_log
-        )
+        poller, head = await self._epochs_from(progress, writers, resumed)
         recovery = _Recovery(self, progress.next, head, started, resumed)
         ticker = _InteriorTicker(self.clients, self.app, config)
         logger.info("worker started worker=%d partitions=%s generation=%d from_epoch=%d",
@@ -168,14 +169,17 @@ class Worker:
         try:
             while not should_stop():
                 _check(peers, taking)
-                epochs = await loop.run_in_executor(None, poller.poll, 0.05, _POLL_CHUNKS)
+                epochs = await self._poll(poller, should_stop)
                 for logged in epochs:
                     await self._epoch(engine, logged, writers, taking, progress)
                 recovery.after_poll(progress.next, bool(epochs))
-                if time.monotonic() - progress.committed_at >= config.egress_interval_ms / 1000:
+                if self.weak:
+                    pass  # egress goes out when a snapshot commits (_Snapshotting.release)
+                elif time.monotonic() - progress.committed_at >= config.egress_interval_ms / 1000:
                     await progress.commit(writers)
                 ticker.after_poll(bool(epochs), progress.epoch - 1, bool(engine.carried))
-            await progress.commit(writers)
+            if not self.weak:
+                await progress.commit(writers)
         finally:
             poller.close()
             ticker.close()
@@ -185,6 +189,20 @@ class Worker:
                 writer.close()
             if peers is not None:
                 await peers.close()
+
+    @staticmethod
+    async def _poll(
+        poller: EpochFeed | EpochPoller, should_stop: Callable[[], bool]
+    ) -> list[LoggedEpoch]:
+        """The next epochs; none if the sequencer closed its feed because the cluster stops
+        (the same SIGTERM reaches this worker a moment later)."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(None, poller.poll, 0.05, _POLL_CHUNKS)
+        except FeedClosed:
+            if await loop.run_in_executor(None, stopping_soon, should_stop):
+                return []
+            raise
 
     async def _epoch(
         self,
@@ -197,10 +215,17 @@ class Worker:
         """One epoch: check it follows → execute → stage egress → maybe snapshot."""
         progress.epoch = _follows(logged, progress.epoch)
         result = await self._execute(engine, logged)
-        self._stage_egress(writers, logged, result)
+        if taking is not None:
+            taking.archive(logged.record)
+        if self.weak:
+            assert taking is not None, "weak recovery takes snapshots"
+            taking.hold(logged, result)
+        else:
+            self._stage_egress(writers, logged, result)
         progress.next = logged.position + 1
         snapshot = result.changes if taking is not None else None
-        if snapshot is not None or any(w.pending >= MAX_PENDING_EGRESS for w in writers.values()):
+        full = any(w.pending >= MAX_PENDING_EGRESS for w in writers.values())
+        if not self.weak and (snapshot is not None or full):
             await progress.commit(writers)  # a snapshot's egress is out before it exists
         if snapshot is not None and taking is not None:
             taking.take(logged, snapshot, engine.carried)
@@ -218,6 +243,13 @@ class Worker:
         if restored is None:
             return None
         manifest = restored.manifest
+        mode = "weak" if self.weak else "strong"
+        if manifest.recovery != mode:
+            raise ConfigError(
+                f"the app's latest snapshot was taken in {manifest.recovery} recovery mode; "
+                f"running it in {mode} mode would misread its positions (start a new app, or "
+                "keep the mode)", ssid=manifest.ssid,
+            )  # fmt: skip
         engine.load(restored.actors, manifest.epoch, carried_of(manifest))
         self.metrics.set("epochal_resume_seconds", time.perf_counter() - started)
         logger.info("resumed from snapshot ssid=%d actors=%s seconds=%.2f", manifest.ssid,
@@ -243,6 +275,52 @@ class Worker:
         for partition, writer in writers.items():
             writer.covered = state.start(partition)
         return writers
+
+    async def _epochs_from(
+        self, progress: _Progress, writers: dict[PartitionId, EgressWriter],
+        resumed: Manifest | None,
+    ) -> tuple[EpochFeed | EpochPoller, int]:  # fmt: skip
+        """Where epochs come from, and the log's end now (what recovery replays up to): the
+        command log after the snapshot, or (weak mode) the sequencer's feed, once the egress
+        the snapshot held is out."""
+        loop = asyncio.get_running_loop()
+        if self.weak:
+            await self._release_held(writers, resumed)
+            return await loop.run_in_executor(None, self._feed, resumed), 0
+        log = self.app.topics.command_log
+        head = await loop.run_in_executor(None, self.clients.end_offset, log)
+        return KafkaCommandLog(self.clients, log).poller(progress.next), head
+
+    def _feed(self, resumed: Manifest | None) -> EpochFeed:
+        """Weak mode: connect to the sequencer, saying where this worker resumed."""
+        config = self.config
+        hello = FeedHello(config.generation, config.worker, -1, 0, 0, {})
+        if resumed is not None:
+            hello = FeedHello(config.generation, config.worker, resumed.ssid, resumed.epoch + 1,
+                              resumed.time_ms, dict(resumed.input_positions))  # fmt: skip
+        return EpochFeed(config.feed, hello, connect_timeout_s=config.failure_timeout_ms / 1000 * 5)
+
+    async def _release_held(
+        self, writers: dict[PartitionId, EgressWriter], resumed: Manifest | None
+    ) -> None:
+        """Weak mode: egress a committed snapshot held that a crash kept from going out."""
+        if resumed is None or self.snapshots is None:
+            return
+        snapshots = self.snapshots
+        owed = [p for p, w in writers.items() if w.covered <= resumed.ssid]
+        if not owed:
+            return
+        start = min(writers[p].covered for p in owed)
+        loop = asyncio.get_running_loop()
+        rows = await loop.run_in_executor(None, snapshots.outbox, resumed, owed, start)
+        for row in rows:
+            writer = writers[PartitionId(row.partition)]
+            if row.epoch >= writer.covered:
+                writer.add(row.topic, row.value)
+        await loop.run_in_executor(None, _commit_all, {p: writers[p] for p in owed},
+                                   resumed.ssid + 1)  # fmt: skip
+        logger.info("held egress released after a restart ssid=%d records=%d partitions=%s",
+                    resumed.ssid, len(rows), owed)  # fmt: skip
 
     async def _execute(self, engine: Engine, logged: LoggedEpoch) -> EpochResult:
         record = logged.record
@@ -312,6 +390,7 @@ class _Recovery:
         self.started = started
         self.ssid = resumed.ssid if resumed else -1
         self.done = False
+        self._logged = started
         self.metrics.set("epochal_recovery_remaining_records", max(0, head - 1 - start))
 
     def after_poll(self, next_position: int, got_epochs: bool) -> None:
@@ -322,6 +401,11 @@ class _Recovery:
             "epochal_recovery_remaining_records", max(0, self.head - 1 - next_position)
         )
         if got_epochs and next_position < self.head - 1:
+            now = time.perf_counter()
+            if now - self._logged >= 2.0:  # a long replay says how far it is
+                self._logged = now
+                logger.info("recovering worker=%d replayed_records=%d of=%d", self.worker,
+                            next_position - self.start, self.head - 1 - self.start)  # fmt: skip
             return
         self.done = True
         seconds = time.perf_counter() - self.started
@@ -389,34 +473,65 @@ class _InteriorTicker:
 
 class _Snapshotting:
     """This worker's side of snapshots: hand each cut to the writer thread; on worker 0, also
-    collect every worker's part and commit (others send theirs over TCP)."""
+    collect every worker's part and commit (others send theirs over TCP), keeping the epochs
+    since the last snapshot for the ``commands`` archive. In weak mode, egress is held here
+    until the snapshot that covers it commits, then released."""
 
-    def __init__(self, worker: Worker, engine: Engine, peers: Peers | None) -> None:
+    def __init__(
+        self,
+        worker: Worker,
+        engine: Engine,
+        peers: Peers | None,
+        writers: dict[PartitionId, EgressWriter],
+    ) -> None:
         assert worker.snapshots is not None
         self.worker = worker
         self.engine = engine
         self.peers = peers
+        self.writers = writers
         self.metrics = worker.metrics
         self.committer: SnapshotCommitter | None = None
         if worker.config.worker == 0:
             self.committer = SnapshotCommitter(worker.snapshots, worker.config.workers,
                                                self._committed)  # fmt: skip
             engine.on_part = self.committer.receive
+        engine.on_committed = self.release
         self.taker = SnapshotTaker(worker.snapshots, worker.config.worker, self._written)
         self.last_epoch = 0
-        self._flushing: set[asyncio.Future[None]] = set()
+        self._epochs: list[EpochRecord] = []  # worker 0: the epochs since the last snapshot
+        self._held: list[OutboxRow] = []  # weak mode: egress since the last snapshot
+        self._holding: dict[int, list[OutboxRow]] = {}  # weak mode: per snapshot, until commit
+        self._releasing = asyncio.Lock()
+        self._tasks: set[asyncio.Future[None]] = set()
+        self._error: BaseException | None = None
+
+    def archive(self, record: EpochRecord) -> None:
+        if self.committer is not None:
+            self._epochs.append(record)
+
+    def hold(self, logged: LoggedEpoch, result: EpochResult) -> None:
+        """Weak mode: this epoch's egress waits for the snapshot that covers it."""
+        app, epoch = self.worker.app, logged.record.epoch
+        for partition, outcomes in result.by_partition.items():
+            for outcome in outcomes:
+                for topic, value in egress_records(app, outcome):
+                    self._held.append(OutboxRow(epoch, partition, topic, value))
 
     def take(self, logged: LoggedEpoch, changes: list[Change], carried: list[Emitted]) -> None:
         record, position = logged.record, logged.position + 1
         self.last_epoch = record.epoch
+        commands, self._epochs = self._epochs, []
+        outbox, self._held = self._held, []
+        if self.worker.weak:
+            self._holding[record.epoch] = outbox
         if self.committer is not None:
 
             def head(part: SnapshotPart) -> SnapshotPart:
                 return with_log_position(part, record, position, carried)
 
-            self.taker.take(record.epoch, changes, head)
+            self.taker.take(record.epoch, changes, head, commands=commands, outbox=outbox)
         else:
-            self.taker.take(record.epoch, changes, lambda part: part)
+            self.taker.take(record.epoch, changes, lambda part: part, outbox=outbox)
 
     def _written(self, part: SnapshotPart, seconds: float) -> None:
         self.metrics.inc("epochal_snapshot_write_seconds_sum", seconds)
@@ -426,9 +541,7 @@ class _Snapshotting:
             self.committer.receive(part)
         elif self.peers is not None:
             self.peers.send(0, PartFrame(self.peers.generation, part))
-            flushing = asyncio.ensure_future(self.peers.flush())
-            self._flushing.add(flushing)
-            flushing.add_done_callback(self._flushing.discard)
+            self._spawn(self.peers.flush())
 
     def _committed(self, manifest: Manifest, seconds: float) -> None:
         self.metrics.inc("epochal_snapshots_total")
@@ -436,8 +549,42 @@ class _Snapshotting:
         self.metrics.set("epochal_snapshot_lag_epochs", self.last_epoch - manifest.ssid)
         logger.info("snapshot committed ssid=%d actors=%s seconds=%.2f", manifest.ssid,
                     manifest.actors, seconds)  # fmt: skip
+        if self.worker.weak and self.peers is not None:
+            for peer in range(self.worker.config.workers):
+                if peer != self.worker.config.worker:
+                    self.peers.send(peer, CommittedFrame(self.peers.generation, manifest.ssid))
+            self._spawn(self.peers.flush())
+        self.release(manifest.ssid)
+
+    def release(self, ssid: int) -> None:
+        """Snapshot ``ssid`` committed: in weak mode, the egress it (and any before) held goes
+        out, in one Kafka transaction per partition, recording ``ssid + 1`` as released."""
+        if not self.worker.weak:
+            return
+        ready = sorted(s for s in self._holding if s <= ssid)
+        rows = [row for s in ready for row in self._holding.pop(s)]
+        self._spawn(self._release(rows, ssid))
+
+    async def _release(self, rows: list[OutboxRow], ssid: int) -> None:
+        async with self._releasing:
+            for row in rows:
+                self.writers[PartitionId(row.partition)].add(row.topic, row.value)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, _commit_all, self.writers, ssid + 1)
+
+    def _spawn(self, awaitable: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(awaitable)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Future[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._error = self._error or task.exception()
 
     def check(self) -> None:
+        if self._error is not None:
+            raise self._error
         self.taker.check()
         if self.committer is not None:
             self.committer.check()

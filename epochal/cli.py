@@ -130,6 +130,10 @@ def _run(args: argparse.Namespace) -> int:
     )
     if len(peers) != workers:
         raise ConfigError(f"--peers names {len(peers)} workers, --workers says {workers}")
+    weak = args.recovery == "weak"
+    if weak and args.no_snapshots:
+        raise ConfigError("--recovery weak needs snapshots: they release its egress")
+    feed = (args.feed or f"127.0.0.1:{args.port_base + workers}") if weak else ""
     app_name = args.name or load_app(args.app).name
     config = ClusterConfig(
         app_spec=args.app,
@@ -141,10 +145,12 @@ def _run(args: argparse.Namespace) -> int:
             input_retention_ms=args.input_retention_ms,
             snapshot_interval_ms=0 if args.no_snapshots else args.snapshot_interval_ms,
             snapshot_every_epochs=0 if args.no_snapshots else args.snapshot_every_epochs,
+            recovery=args.recovery, feed=feed, workers=workers,
+            feed_timeout_ms=args.startup_timeout_ms,
         ),
         worker=WorkerConfig(
             app_name, workers=workers, partitions=partitions, peers=peers,
-            metrics_port=args.metrics_port, allow_code_change=args.allow_code_change,
+            metrics_port=args.metrics_port, allow_code_change=args.allow_code_change, feed=feed,
         ),
         input_partitions=args.input_partitions,
         run_dir=Path(args.run_dir),
@@ -152,7 +158,7 @@ def _run(args: argparse.Namespace) -> int:
                               startup_timeout_ms=args.startup_timeout_ms),
         snapshots=None if args.no_snapshots else SnapshotConfig(
             args.warehouse, _settings(args.storage_option), keep=args.keep_snapshots,
-            keep_inputs=args.keep_inputs,
+            keep_inputs=args.keep_inputs, recovery=args.recovery,
         ),
     )  # fmt: skip
     console.print(
@@ -202,6 +208,34 @@ def _replay(args: argparse.Namespace) -> int:
         console.print(f"  {actor_type}: {len(items)} actors")
     for actor_type in args.show:
         _print_actors(app, actor_type, by_type.get(actor_type, []), args.limit)
+    return 0
+
+
+def _snapshots(args: argparse.Namespace) -> int:
+    """A table of the manifest: what each snapshot holds, and where replay would start."""
+    import datetime
+
+    from rich.table import Table
+
+    from epochal.recovery.snapshots import DeltaSnapshots
+
+    _apps_from_working_directory()
+    app = load_app(args.app, args.name)
+    config = SnapshotConfig(args.warehouse, _settings(args.storage_option))
+    snapshots = DeltaSnapshots(app, config, partitions=1)
+    manifests = snapshots.manifests()
+    table = Table(title=f"snapshots of {app.name} in {snapshots.warehouse.uri()}")
+    for column in ("ssid", "time (UTC)", "mode", "command log from", "actors", "state versions",
+                   "digest"):  # fmt: skip
+        table.add_column(column)
+    for m in manifests:
+        when = datetime.datetime.fromtimestamp(m.time_ms / 1000, datetime.UTC)
+        table.add_row(str(m.ssid), when.isoformat(timespec="milliseconds"), m.recovery,
+                      str(m.command_log_position), str(dict(m.actors)),
+                      str(dict(m.state_versions)), m.digest[:16])  # fmt: skip
+    console.print(table)
+    if not manifests:
+        console.print("no complete snapshot yet")
     return 0
 
 
@@ -265,6 +299,12 @@ def _run_flags(run: argparse.ArgumentParser) -> None:
                      help="never trim input topics (their own retention applies)")  # fmt: skip
     run.add_argument("--no-snapshots", action="store_true",
                      help="no snapshots: a restart replays the whole command log")  # fmt: skip
+    run.add_argument("--recovery", choices=("strong", "weak"), default="strong",
+                     help="strong: a command log, replayed on recovery; weak: none, the input "
+                          "is re-sequenced from the latest snapshot, egress waits for "
+                          "snapshots (docs/recovery.md)")  # fmt: skip
+    run.add_argument("--feed", help="weak mode: host:port the sequencer sends epochs on "
+                                    "(default: 127.0.0.1, port-base + workers)")  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -314,6 +354,14 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--from-start", action="store_true",
                         help="ignore snapshots: replay the whole command log")  # fmt: skip
     replay.set_defaults(handler=_replay)
+
+    listing = commands.add_parser("snapshots", help="list an app's complete snapshots")
+    listing.add_argument("app", help="module:attribute of the App, e.g. examples.bank.app:app")
+    listing.add_argument("--name", help="app name (default: the App's)")
+    listing.add_argument("--warehouse", default="warehouse", help="where the snapshots are")
+    listing.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                         help="delta-rs storage option")  # fmt: skip
+    listing.set_defaults(handler=_snapshots)
 
     demo = commands.add_parser("demo", help="run the demo on a local broker, Spark and warehouse")
     demo.add_argument("--warehouse", default="warehouse", help="Delta warehouse root")

@@ -13,6 +13,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from epochal.errors import ConfigError
+
 __all__ = [
     "CacheConfig",
     "FailureConfig",
@@ -154,7 +156,10 @@ class SequencerConfig:
     input and requests topics get (-1: forever; an existing topic that keeps less is raised to
     it). ``metrics_port`` serves Prometheus metrics (0: off). The workers snapshot at the end of
     an epoch every ``snapshot_interval_ms`` or every ``snapshot_every_epochs`` epochs, whichever
-    comes first (0 turns either off; both 0: no snapshots).
+    comes first (0 turns either off; both 0: no snapshots). ``recovery`` ``weak`` logs nothing:
+    the sequencer listens on ``feed`` (``host:port``) for the ``workers`` of ``generation`` and
+    sends them each epoch (:mod:`epochal.log.epoch_feed`), waiting ``feed_timeout_ms`` for all
+    to connect.
     """
 
     app: str
@@ -168,6 +173,11 @@ class SequencerConfig:
     input_retention_ms: int = -1
     snapshot_interval_ms: int = 1000
     snapshot_every_epochs: int = 0
+    recovery: str = "strong"
+    feed: str = ""
+    workers: int = 1
+    generation: int = 1
+    feed_timeout_ms: int = 60_000
 
 
 @dataclass(frozen=True)
@@ -191,18 +201,24 @@ class SnapshotConfig:
     keep: int = 10
     keep_ms: int = 0
     keep_inputs: bool = False
+    recovery: str = "strong"
+
+    def __post_init__(self) -> None:
+        if self.recovery not in ("strong", "weak"):
+            raise ConfigError("the recovery mode is strong or weak", recovery=self.recovery)
 
     def __repr__(self) -> str:
         return (
             f"SnapshotConfig(warehouse={self.warehouse!r}, keep={self.keep}, "
-            f"keep_ms={self.keep_ms}, storage_options={_redacted(self.storage_options)!r})"
+            f"keep_ms={self.keep_ms}, recovery={self.recovery!r}, "
+            f"storage_options={_redacted(self.storage_options)!r})"
         )
 
     def __reduce__(
         self,
-    ) -> tuple[type[SnapshotConfig], tuple[str, dict[str, str], int, int, bool]]:
+    ) -> tuple[type[SnapshotConfig], tuple[str, dict[str, str], int, int, bool, str]]:
         return (SnapshotConfig, (self.warehouse, dict(self.storage_options), self.keep,
-                                 self.keep_ms, self.keep_inputs))  # to child processes  # fmt: skip
+                                 self.keep_ms, self.keep_inputs, self.recovery))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -217,7 +233,8 @@ class WorkerConfig:
     the process when set. ``metrics_port`` 0 disables the Prometheus endpoint. ``run_id`` names
     the run this worker belongs to in the cluster's group (empty: the worker joins no group); a
     peer or the worker's own loop silent for ``failure_timeout_ms`` is a failure (see
-    :class:`FailureConfig`).
+    :class:`FailureConfig`). ``feed`` (weak recovery) is the sequencer's ``host:port`` that sends
+    the epochs; empty: the worker reads the command log.
     """
 
     app: str
@@ -235,6 +252,7 @@ class WorkerConfig:
     allow_code_change: bool = False
     run_id: str = ""
     failure_timeout_ms: int = 6000
+    feed: str = ""
 
 
 @dataclass(frozen=True)

@@ -280,7 +280,8 @@ class Supervisor:
                 "failure detected role=%s index=%d generation=%d reason=%s",
                 failure.name.role, failure.name.index, failure.name.generation, failure.reason,
             )  # fmt: skip
-        restart_sequencer = any(failure.name.role is Role.SEQUENCER for failure in lost)
+        weak = self.config.sequencer.recovery == "weak"  # the input is re-sequenced: always
+        restart_sequencer = weak or any(failure.name.role is Role.SEQUENCER for failure in lost)
         self._kill(
             [*self.workers, *([self.sequencer] if restart_sequencer and self.sequencer else [])]
         )
@@ -315,14 +316,27 @@ class Supervisor:
             self.config.input_partitions
         )
         clients.create_topics([app.topics.egress(name) for name in egress])
-        prepare_egress(app, clients, self.config.worker.partitions, _snapshots(self.config, app),
-                       allow_code_change=self.config.worker.allow_code_change)  # fmt: skip
+        from rich.progress import Progress
+
+        end = clients.end_offset(app.topics.command_log)
+        with Progress(transient=True) as progress:  # shown only while a layout change replays
+            task = progress.add_task("finishing the old egress layout: command log", total=end,
+                                     visible=False)  # fmt: skip
+
+            def on_epoch(position: int) -> None:
+                progress.update(task, completed=position + 1, visible=True)
+
+            prepare_egress(app, clients, self.config.worker.partitions,
+                           _snapshots(self.config, app), on_epoch=on_epoch,
+                           allow_code_change=self.config.worker.allow_code_change)  # fmt: skip
 
     def _start_sequencer(self) -> None:
         self.sequencer_name = MemberName(self.run_id, Role.SEQUENCER, 0, self.generation)
+        config = replace(self.config, sequencer=replace(self.config.sequencer,
+                                                        generation=self.generation))  # fmt: skip
         self.sequencer = self.context.Process(
             target=_sequencer_main,
-            args=(self.config, self.sequencer_name, os.getpid()),
+            args=(config, self.sequencer_name, os.getpid()),
             name="epochal-sequencer",
         )
         self.sequencer.start()

@@ -21,6 +21,12 @@ Start, in this order (DESIGN §2.9):
 3. the client request ids of the last ``request_id_window_ms`` are rebuilt from the requests
    topic, from ``offsets_for_times(now - window)`` up to the logged positions.
 
+In weak recovery (``recovery="weak"``, DESIGN §2.6) nothing is logged: the sequencer waits
+for the workers on its epoch feed (:mod:`epochal.log.epoch_feed`), resumes from the snapshot
+they resumed from (its epoch, time and input positions), and sends each epoch to them. Dead
+letters are then written without a transaction (a re-sequenced record may be dead-lettered
+again), and group offsets are not committed: the snapshot manifest holds the positions.
+
 Only records make dead letters: anything else that fails (Kafka down, fenced, a truncated log)
 raises our error and ends the process; recovery takes over.
 """
@@ -47,6 +53,7 @@ from epochal.config import SequencerConfig
 from epochal.errors import LogError
 from epochal.log.client import FOREVER, KafkaClients, translate_kafka_error
 from epochal.log.command_log import KafkaCommandLog, chunk_epoch
+from epochal.log.epoch_feed import EpochFeedServer, FeedClosed, stopping_soon
 from epochal.log.ordering import (
     EpochStamp,
     RequestWindow,
@@ -59,7 +66,7 @@ from epochal.log.snapshot_schedule import SnapshotSchedule
 from epochal.log.topics import TopicNames
 from epochal.metrics import Metrics, serve_metrics
 from epochal.schemas.codec import decode, encode
-from epochal.schemas.commands import ClientRequest, InputRecord
+from epochal.schemas.commands import ClientRequest, DeadLetter, InputRecord
 
 __all__ = ["Sequencer"]
 
@@ -143,8 +150,18 @@ class Sequencer:
         """Sequence until ``should_stop()``; Kafka failures raise (LogError and subclasses)."""
         if self.config.metrics_port:
             serve_metrics(self.metrics, self.config.metrics_port)
-        producer = self._producer()  # fences an older sequencer: before anything is read
-        state = self._resume()
+        feed: EpochFeedServer | None = None
+        if self.config.recovery == "weak":
+            feed = EpochFeedServer(self.config.feed, self.config.workers, self.config.generation)
+            producer = self.clients.producer(**{"enable.idempotence": True, "linger.ms": 0})
+            try:
+                state = self._resume_from_workers(feed)
+            except BaseException:
+                feed.close()
+                raise
+        else:
+            producer = self._producer()  # fences an older sequencer: before anything is read
+            state = self._resume()
         consumer = self._consumer(state.positions)  # checks the inputs still hold the positions
         try:
             self._remember_recent_requests(state)
@@ -158,13 +175,18 @@ class Sequencer:
                 if not records and not self.schedule.idle_due(now_ms):
                     continue  # nothing consumed, nothing logged (workers send ticks if need be)
                 sequenced = self._order(state, records, now_ms)
-                self._log(producer, consumer, sequenced)
+                if feed is None:
+                    self._log(producer, consumer, sequenced)
+                elif not self._send(feed, producer, consumer, sequenced, should_stop):
+                    return  # the workers stopped first: a clean stop
                 state.advance(sequenced)
                 self.schedule.logged(now_ms, sequenced.record.snapshot)
                 self.metrics.set("epochal_request_ids", len(state.window))
         finally:
             consumer.close()
             _flush(producer)
+            if feed is not None:
+                feed.close()
 
     def _producer(self) -> Producer:
         producer = self.clients.producer(**{
@@ -189,6 +211,14 @@ class Sequencer:
             return _State(0, 0, {}, window)
         record = last.record
         return _State(record.epoch + 1, record.now_ms, dict(record.next_offsets), window)
+
+    def _resume_from_workers(self, feed: EpochFeedServer) -> _State:
+        """Weak mode: go on from the snapshot every worker resumed from (or the very start)."""
+        hello = feed.accept(self.config.feed_timeout_ms / 1000)
+        logger.info("workers on the epoch feed ssid=%d next_epoch=%d", hello.ssid,
+                    hello.next_epoch)  # fmt: skip
+        window = RequestWindow(self.config.request_id_window_ms)
+        return _State(hello.next_epoch, hello.now_ms, dict(hello.positions), window)
 
     def _remember_recent_requests(self, state: _State) -> None:
         """Refill the window as it was when the last epoch closed: the request ids of the requests
@@ -286,10 +316,7 @@ class Sequencer:
             for chunk in chunk_epoch(record, self.config.chunk_bytes):
                 producer.produce(self.names.command_log, chunk)
             for dead in sequenced.dead:
-                logger.warning(
-                    "dead letter topic=%s partition=%d offset=%d truncated=%s reason=%s",
-                    dead.topic, dead.partition, dead.offset, dead.truncated, dead.reason,
-                )  # fmt: skip
+                self._warn_dead(dead)
                 producer.produce(self.names.dead_letters, encode(dead), key=dead.key)
             producer.send_offsets_to_transaction(
                 positions, consumer.consumer_group_metadata(), _KAFKA_TIMEOUT_S
@@ -299,11 +326,48 @@ class Sequencer:
             raise translate_kafka_error(exc, "cannot log the epoch", epoch=record.epoch) from exc
         except BufferError as exc:
             raise LogError(f"cannot log the epoch: {exc}", epoch=record.epoch) from exc
+        self._count(sequenced, started)
+        self._measure_lag(consumer, positions)
+
+    def _warn_dead(self, dead: DeadLetter) -> None:
+        logger.warning(
+            "dead letter topic=%s partition=%d offset=%d truncated=%s reason=%s",
+            dead.topic, dead.partition, dead.offset, dead.truncated, dead.reason,
+        )  # fmt: skip
+
+    def _count(self, sequenced: SequencedEpoch, started: float) -> None:
         self.metrics.inc("epochal_epochs_total")
-        self.metrics.inc("epochal_sequenced_total", len(record.txns))
+        self.metrics.inc("epochal_sequenced_total", len(sequenced.record.txns))
         self.metrics.inc("epochal_dead_letters_total", len(sequenced.dead))
         self.metrics.inc("epochal_epoch_commit_seconds_sum", time.monotonic() - started)
-        self._measure_lag(consumer, positions)
+
+    def _send(
+        self, feed: EpochFeedServer, producer: Producer, consumer: Consumer,
+        sequenced: SequencedEpoch, should_stop: Callable[[], bool],
+    ) -> bool:  # fmt: skip
+        """Weak mode: dead letters out (no transaction), then the epoch to every worker; False
+        if they are gone because the cluster stops."""
+        started = time.monotonic()
+        record = sequenced.record
+        try:
+            for dead in sequenced.dead:
+                self._warn_dead(dead)
+                producer.produce(self.names.dead_letters, encode(dead), key=dead.key)
+            if sequenced.dead:
+                producer.flush(_KAFKA_TIMEOUT_S)
+        except KafkaException as exc:
+            raise translate_kafka_error(
+                exc, "cannot write dead letters", epoch=record.epoch
+            ) from exc
+        try:
+            feed.send(record)
+        except FeedClosed:
+            if stopping_soon(should_stop):
+                return False
+            raise
+        self._count(sequenced, started)
+        self._measure_lag(consumer, self._group_offsets(record.next_offsets))
+        return True
 
     def _group_offsets(self, next_offsets: Mapping[str, int]) -> list[TopicPartition]:
         """The positions to commit to the group: those of the topics read (a topic the app no

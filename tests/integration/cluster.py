@@ -84,7 +84,7 @@ class Cluster:
         With ``metrics_port`` P, worker w serves metrics on P+w and the sequencer on P+workers.
         Snapshots go to ``<run_dir>/warehouse`` every ``snapshot_ms`` (0: none).
         """
-        port_base = free_ports(workers)
+        port_base = free_ports(workers + 1)  # and the sequencer's feed, in weak mode
         self.metrics_port = metrics_port
         command = [
             EPOCHAL, "run", "tests.unit.actors.workload:app", "--name", self.name,
