@@ -1,16 +1,22 @@
 """The demo behind the README's first command: the bank example, end to end, on this machine.
 
 On a local Kafka broker it runs ``examples.bank.app`` as a cluster of two worker processes and
-a sequencer (``epochal run``), feeds it two rounds of transfers from a plain Kafka client (some
-in JSON, as another language would send them), waits for every transfer's egress record, rebuilds
-the balances from the command log (``epochal replay``) and checks that money was conserved.
-Each round's balances go to a Delta table through Spark; the first round is read back by time
-travel, from Spark and from delta-rs, and Spark's Kafka source counts the input topic.
+a sequencer (``epochal run``, snapshots to ``./warehouse`` every second), feeds it two rounds of
+transfers from a plain Kafka client (some in JSON, as another language would send them) and
+waits for every transfer's egress record. In round 2 it ``kill -9``s a worker mid-stream: the
+cluster rolls back, resumes from the latest snapshot, and still gives each transfer exactly one
+egress record. At the end it checks that money was conserved in every snapshot's state table,
+that the snapshot after round 1 reads back by time travel (Spark, with only Delta configured,
+and delta-rs), that replaying the command log from the latest snapshot gives its digest, and
+that Spark's Kafka source sees every input record.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -27,13 +33,16 @@ from rich.table import Table
 
 from epochal.actors.api import load_app
 from epochal.analytics.spark import spark_session
-from epochal.config import CacheConfig, KafkaConfig, SparkConfig
+from epochal.config import CacheConfig, KafkaConfig, SnapshotConfig, SparkConfig
 from epochal.errors import EpochalError
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import KafkaCommandLog
 from epochal.log.local_broker import LocalBroker
 from epochal.recovery.replay import replay_command_log
+from epochal.recovery.snapshots import DeltaSnapshots
+from epochal.schemas.egress import EgressRecord
+from epochal.schemas.snapshots import Manifest
 
 __all__ = ["run_demo"]
 
@@ -70,11 +79,13 @@ class _Demo:
         self.console = console
         self.name = f"bank-demo-{time.strftime('%Y%m%d-%H%M%S')}"
         self.warehouse = warehouse
-        self.table = warehouse / "bank" / "state" / "Account"
         self.app = load_app("examples.bank.app:app", self.name)
+        self.snapshots = DeltaSnapshots(self.app, SnapshotConfig(str(warehouse)), partitions=4)
         self.accounts = [f"acct-{i * 10_000 // ACCOUNTS:04d}" for i in range(ACCOUNTS)]
         self.rng = random.Random(7)
-        self.egress_seen = 0
+        self.egress: list[EgressRecord] = []
+        self.run_dir = Path(tempfile.mkdtemp(prefix="epochal-demo-"))
+        self.produced = 0
 
     def run(self) -> int:
         egress = [self.app.topics.egress(name) for name in ("receipts", "errors")]
@@ -85,113 +96,174 @@ class _Demo:
         ]
         cluster = self._start_cluster()
         try:
-            with self.console.status("starting Spark"):
-                jars = self.cache.jar_dir(JarSet.SPARK.value)
-                spark = spark_session(SparkConfig(jar_dir=jars, app_name="epochal-demo"))
-            rounds = [self._round(spark, consumers, number) for number in (1, 2)]
+            rounds = [self._round(consumers, number) for number in (1, 2)]
         finally:
             for consumer in consumers:
                 consumer.close()
             cluster.send_signal(signal.SIGTERM)
             cluster.wait(60)
+        with self.console.status("starting Spark"):
+            jars = self.cache.jar_dir(JarSet.SPARK.value)
+            spark = spark_session(SparkConfig(jar_dir=jars, app_name="epochal-demo"))
         return self._report(spark, rounds)
 
     def _start_cluster(self) -> subprocess.Popen[bytes]:
-        run_dir = Path(tempfile.mkdtemp(prefix="epochal-demo-"))
         command = [sys.executable, "-m", "epochal.cli", "run", "examples.bank.app:app",
                    "--name", self.name, "--bootstrap", self.bootstrap, "--workers", "2",
-                   "--run-dir", str(run_dir), "--warehouse", str(self.warehouse)]  # fmt: skip
-        log = open(run_dir / "cluster.log", "wb")  # noqa: SIM115 - the child keeps it open
+                   "--run-dir", str(self.run_dir), "--warehouse", str(self.warehouse),
+                   "--failure-timeout-ms", "6000"]  # fmt: skip
+        log = open(self.log_path, "wb")  # noqa: SIM115 - the child keeps it open
         cluster = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         self.console.print(
             f"[green]✓[/] epochal run examples.bank.app:app as {self.name!r}: 2 workers, "
-            f"4 partitions (log: {run_dir / 'cluster.log'})"
+            f"4 partitions, a snapshot every second to {self.warehouse / self.name} "
+            f"(log: {self.log_path})"
         )
         return cluster
 
-    def _produce(self, with_deposits: bool) -> None:
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / "cluster.log"
+
+    def _status(self) -> dict[str, Any]:
+        path = self.run_dir / self.name / "processes.json"
+        return dict(json.loads(path.read_text())) if path.exists() else {}
+
+    def _produce(self, with_deposits: bool, count: int) -> None:
         """Like any client: msgpack, and every tenth record as JSON."""
         from examples.bank.producer import Deposit, Transfer
 
         producer = self.clients.producer(**{"linger.ms": 5})
         topic = self.app.topics.input("transfers")
         events: list[Any] = [Deposit(a, OPENING) for a in self.accounts] if with_deposits else []
-        for _ in range(TRANSFERS_PER_ROUND):
+        for _ in range(count):
             source, target = self.rng.sample(self.accounts, 2)
             events.append(Transfer(source, target, self.rng.randrange(1, OPENING // 2)))
         for i, event in enumerate(events):
             encode = msgspec.json.encode if i % 10 == 0 else msgspec.msgpack.encode
             producer.produce(topic, encode(event))
         producer.flush(30)
+        self.produced += len(events)
 
-    def _wait_for_egress(self, consumers: list[Any], expected: int) -> float:
-        """Count receipts and abort reports (read_committed) until every transfer has one."""
+    def _wait_for_egress(
+        self, consumers: list[Any], expected: int, kill_at: int | None = None
+    ) -> float:
+        """Collect receipts and abort reports (read_committed) until every transfer has one;
+        ``kill -9`` a worker once ``kill_at`` are in."""
         started = time.monotonic()
         with Progress(console=self.console, transient=True) as progress:
             task = progress.add_task("transfers through the cluster", total=expected)
-            while self.egress_seen < expected:
-                if time.monotonic() - started > 120:
-                    raise EpochalError("the cluster did not process the transfers in 120 s")
+            while len(self.egress) < expected:
+                if time.monotonic() - started > 180:
+                    raise EpochalError("the cluster did not process the transfers in 180 s")
                 for consumer in consumers:
-                    self.egress_seen += len(consumer.consume(10_000, 0.1))
-                progress.update(task, completed=self.egress_seen)
+                    for message in consumer.consume(10_000, 0.1):
+                        self.egress.append(msgspec.msgpack.decode(message.value(),
+                                                                  type=EgressRecord))  # fmt: skip
+                progress.update(task, completed=len(self.egress))
+                if kill_at is not None and len(self.egress) >= kill_at:
+                    self._kill_a_worker()
+                    kill_at = None
+        for consumer in consumers:  # anything beyond: a duplicate, which the checks catch
+            self.egress += [msgspec.msgpack.decode(m.value(), type=EgressRecord)
+                            for m in consumer.consume(10_000, 1.0)]  # fmt: skip
         return time.monotonic() - started
 
-    def _round(self, spark: SparkSession, consumers: list[Any], number: int) -> dict[str, Any]:
-        from examples.bank.app import Account
+    def _kill_a_worker(self) -> None:
+        pid = int(self._status()["workers"][1])
+        os.kill(pid, signal.SIGKILL)
+        self.killed_at = time.monotonic()
+        self.console.print(f"[yellow]✗[/] kill -9 of worker 1 (pid {pid}) mid-stream")
 
-        self._produce(with_deposits=number == 1)
-        seconds = self._wait_for_egress(consumers, number * TRANSFERS_PER_ROUND)
-        with self.console.status("replaying the command log"):
-            logged = KafkaCommandLog(self.clients, self.app.topics.command_log).epochs(to_end=True)
-            engine, epochs = replay_command_log(self.app, logged)
-        balances = {
-            str(ref.key): value.balance
-            for ref, value in engine.items()
-            if isinstance(value, Account)
-        }
-        frame = spark.createDataFrame(sorted(balances.items()), "account string, balance long")
-        frame.write.format("delta").mode("overwrite").save(str(self.table))
-        from deltalake import DeltaTable
+    def _snapshot_covering(self, inputs: int) -> Manifest:
+        """The first snapshot whose input positions cover ``inputs`` records (the one taken
+        when the input went idle, at the latest)."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for manifest in self.snapshots.manifests():
+                if sum(manifest.input_positions.values()) >= inputs:
+                    return manifest
+            time.sleep(0.2)
+        raise EpochalError("no snapshot covers the input after 60 s")
 
-        version = DeltaTable(str(self.table)).version()
+    def _round(self, consumers: list[Any], number: int) -> dict[str, Any]:
+        self._produce(with_deposits=number == 1, count=TRANSFERS_PER_ROUND)
+        expected = number * TRANSFERS_PER_ROUND
+        kill_at = expected - TRANSFERS_PER_ROUND // 2 if number == 2 else None
+        seconds = self._wait_for_egress(consumers, expected, kill_at)
+        manifest = self._snapshot_covering(self.produced)
         self.console.print(
             f"[green]✓[/] round {number}: {TRANSFERS_PER_ROUND:,} transfers through Kafka and "
-            f"the cluster in {seconds:.1f} s, each with one receipt or abort report; "
-            f"{epochs} epochs replayed; Delta version {version}"
+            f"the cluster in {seconds:.1f} s; {len(self.snapshots.manifests())} snapshots so "
+            f"far, the latest ssid={manifest.ssid} (state Delta version "
+            f"{manifest.state_versions.get('Account')})"
         )
-        return {"balances": balances, "version": version}
+        if number == 2:
+            self._show_recovery()
+        return {"manifest": manifest}
+
+    def _show_recovery(self) -> None:
+        log = self.log_path.read_text(errors="replace")
+        resumed = re.findall(r"resumed from snapshot ssid=(\d+)", log)
+        recovered = re.findall(r"recovered worker=(\d+) from_ssid=(-?\d+) from_position=\d+ "
+                               r"replayed_records=(\d+) seconds=([\d.]+)", log)  # fmt: skip
+        after = [r for r in recovered if int(r[1]) >= 0]
+        if resumed and after:
+            worker, ssid, records, seconds = after[-1]
+            self.console.print(
+                f"[green]✓[/] rolled back to generation {self._status().get('generation')}: "
+                f"worker {worker} resumed from snapshot ssid={ssid} and replayed {records} "
+                f"command-log records in {float(seconds):.2f} s"
+            )
 
     def _report(self, spark: SparkSession, rounds: list[dict[str, Any]]) -> int:
         from deltalake import DeltaTable
 
-        first = rounds[0]
-        reader = spark.read.format("delta").option("versionAsOf", first["version"])
-        by_spark = {r["account"]: r["balance"] for r in reader.load(str(self.table)).collect()}
-        columns = (
-            DeltaTable(str(self.table), version=first["version"]).to_pyarrow_table().to_pydict()
-        )
-        by_delta_rs = dict(zip(columns["account"], columns["balance"], strict=True))
+        first, last = rounds[0]["manifest"], rounds[-1]["manifest"]
+        state = str(self.snapshots.warehouse.state("Account"))
+        version = first.state_versions["Account"]
+        reader = spark.read.format("delta").option("versionAsOf", version)
+        by_spark = {r["_key"]: r["balance"] for r in reader.load(state).collect()}
+        columns = DeltaTable(state, version=version).to_pyarrow_table().to_pydict()
+        by_delta_rs = dict(zip(columns["_key"], columns["balance"], strict=True))
+        latest = DeltaTable(state, version=last.state_versions["Account"]).to_pyarrow_table()
+        balances = dict(zip(latest.column("_key").to_pylist(),
+                            latest.column("balance").to_pylist(), strict=True))  # fmt: skip
         kafka = spark.read.format("kafka").option("kafka.bootstrap.servers", self.bootstrap)
         inputs = kafka.option("subscribe", self.app.topics.input("transfers")).load().count()
+        with self.console.status("replaying the command log from the oldest snapshot kept"):
+            oldest = self.snapshots.restore(self.snapshots.manifests()[0].ssid)
+            assert oldest is not None
+            logged = KafkaCommandLog(self.clients, self.app.topics.command_log).epochs(
+                oldest.manifest.command_log_position, to_end=True
+            )
+            engine, epochs = replay_command_log(self.app, logged, restored=oldest)
+        newest = self.snapshots.manifests()[-1]
 
         table = Table(title=f"balances ({ACCOUNTS} accounts, first 8)")
-        for column in ("account", "after round 1 (time travel, Spark)", "after round 2"):
+        for column in ("account", f"snapshot {first.ssid} (time travel, Spark)",
+                       f"snapshot {last.ssid}"):  # fmt: skip
             table.add_column(column)
         for account in self.accounts[:8]:
-            table.add_row(account, str(by_spark.get(account)), str(rounds[-1]["balances"][account]))
+            table.add_row(account, str(by_spark.get(account)), str(balances.get(account)))
         self.console.print(table)
+        sources = [r.source.offset for r in self.egress if r.source is not None]
+        transfers = 2 * TRANSFERS_PER_ROUND
         checks = {
-            "money conserved in every round": all(
-                sum(r["balances"].values()) == ACCOUNTS * OPENING for r in rounds
+            "every transfer has exactly one receipt or abort report, across the kill":
+                len(self.egress) == len(set(sources)) == transfers,
+            "money conserved in both snapshots": all(
+                sum(v) == ACCOUNTS * OPENING
+                for v in (by_delta_rs.values(), balances.values())
             ),
-            "no account overdrawn": all(min(r["balances"].values()) >= 0 for r in rounds),
-            "time travel: Spark and delta-rs read round 1 back": by_spark
-            == by_delta_rs
-            == first["balances"],
-            "Spark's Kafka source sees every input record": inputs
-            == ACCOUNTS + 2 * TRANSFERS_PER_ROUND,
-        }
+            "no account overdrawn": min(balances.values()) >= 0,
+            "time travel: Spark and delta-rs read the snapshot of round 1 back": by_spark
+            == by_delta_rs and len(by_spark) == ACCOUNTS,
+            f"the oldest snapshot kept (ssid={oldest.manifest.ssid}) + {epochs} epochs of the "
+            f"command log replayed = the newest (ssid={newest.ssid}), digest for digest":
+                engine.digest() == newest.digest and epochs > 0,
+            "Spark's Kafka source sees every input record": inputs == self.produced,
+        }  # fmt: skip
         for check, ok in checks.items():
             self.console.print(f"{'[green]✓' if ok else '[red]✗'}[/] {check}")
         ok = all(checks.values())

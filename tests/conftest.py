@@ -37,7 +37,7 @@ def free_ports(count: int) -> int:
     rng = random.Random()
     for _ in range(200):
         port = rng.randrange(max(1024, low - 12000), low - count)
-        if all(_bindable(port + offset) for offset in range(count)):
+        if all(port_is_free(port + offset) for offset in range(count)):
             return port
     raise RuntimeError(f"no {count} adjacent free ports on 127.0.0.1")
 
@@ -49,7 +49,7 @@ def _ephemeral_low() -> int:
         return 32768  # Linux's default; macOS starts at 49152
 
 
-def _bindable(port: int) -> bool:
+def port_is_free(port: int) -> bool:
     with socket.socket() as probe:
         try:
             probe.bind(("127.0.0.1", port))

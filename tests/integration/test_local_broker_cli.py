@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from epochal.config import CacheConfig
-from tests.conftest import free_port_pair
+from tests.conftest import free_port_pair, port_is_free
 
 pytestmark = pytest.mark.integration
 
@@ -22,15 +22,6 @@ def _epochal(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     return subprocess.run(
         [EPOCHAL, *args], capture_output=True, text=True, env=env, timeout=120, check=False
     )
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _broker_pids(data_dir: Path) -> list[int]:
@@ -64,7 +55,7 @@ def test_start_twice_gives_one_broker_and_stop_frees_the_port(
     finally:
         stop = _epochal(*flags, "stop", *where)
     assert stop.returncode == 0 and "stopped" in stop.stderr
-    assert _port_is_free(port) and _port_is_free(port + 1)
+    assert port_is_free(port) and port_is_free(port + 1)
     assert _broker_pids(tmp_path / "broker") == []
     after = _epochal(*flags, "status", *where)
     assert after.returncode == 3 and "not running" in after.stderr
@@ -80,7 +71,7 @@ def test_start_without_java_says_to_install_it(cache: CacheConfig, tmp_path: Pat
     )  # fmt: skip
     assert result.returncode == 1
     assert "Java was not found" in result.stderr and "JAVA_HOME" in result.stderr
-    assert _port_is_free(port)
+    assert port_is_free(port)
 
 
 def test_start_on_a_taken_port_names_the_port(cache: CacheConfig, tmp_path: Path) -> None:
