@@ -173,7 +173,7 @@ class _Demo:
         pid = int(self._status()["workers"][1])
         os.kill(pid, signal.SIGKILL)
         self.killed_at = time.monotonic()
-        self.console.print(f"[yellow]✗[/] kill -9 of worker 1 (pid {pid}) mid-stream")
+        self.console.print(f"[yellow]![/] kill -9 of worker 1 (pid {pid}) mid-stream")
 
     def _snapshot_covering(self, inputs: int) -> Manifest:
         """The first snapshot whose input positions cover ``inputs`` records (the one taken
@@ -229,8 +229,10 @@ class _Demo:
         latest = DeltaTable(state, version=last.state_versions["Account"]).to_pyarrow_table()
         balances = dict(zip(latest.column("_key").to_pylist(),
                             latest.column("balance").to_pylist(), strict=True))  # fmt: skip
+        topic = self.app.topics.input("transfers")
         kafka = spark.read.format("kafka").option("kafka.bootstrap.servers", self.bootstrap)
-        inputs = kafka.option("subscribe", self.app.topics.input("transfers")).load().count()
+        inputs = kafka.option("subscribe", topic).load().count()
+        trimmed, _ = self.clients.watermarks(topic)
         with self.console.status("replaying the command log from the oldest snapshot kept"):
             oldest = self.snapshots.restore(self.snapshots.manifests()[0].ssid)
             assert oldest is not None
@@ -262,7 +264,10 @@ class _Demo:
             f"the oldest snapshot kept (ssid={oldest.manifest.ssid}) + {epochs} epochs of the "
             f"command log replayed = the newest (ssid={newest.ssid}), digest for digest":
                 engine.digest() == newest.digest and epochs > 0,
-            "Spark's Kafka source sees every input record": inputs == self.produced,
+            f"the input topic is kept back to the oldest snapshot and no further ({trimmed:,} "
+            f"records trimmed); Spark's Kafka source reads the {inputs:,} left":
+                trimmed == oldest.manifest.input_positions.get(f"{topic}:0")
+                and inputs == self.produced - trimmed,
         }  # fmt: skip
         for check, ok in checks.items():
             self.console.print(f"{'[green]✓' if ok else '[red]✗'}[/] {check}")

@@ -209,7 +209,30 @@ class KafkaClients:
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise translate_kafka_error(exc, "cannot create topic", topic=name) from exc
+        self._wait_for_leaders(admin, list(futures), timeout_s)
         del admin  # only now: the futures have resolved
+
+    @staticmethod
+    def _wait_for_leaders(admin: AdminClient, names: list[str], timeout_s: float) -> None:
+        """A created topic is usable once every partition has a leader: until then a watermark
+        or metadata request for it fails with an unknown partition."""
+        deadline = time.monotonic() + timeout_s
+        pending = set(names)
+        while pending:
+            metadata = admin.list_topics(timeout=timeout_s)
+            for name in list(pending):
+                topic = metadata.topics.get(name)
+                if (
+                    topic is not None
+                    and topic.error is None
+                    and topic.partitions
+                    and all(p.leader >= 0 for p in topic.partitions.values())
+                ):
+                    pending.discard(name)
+            if pending and time.monotonic() > deadline:
+                raise LogError("created topics have no leader in time", topics=sorted(pending))
+            if pending:
+                time.sleep(0.05)
 
     def ensure_retention(
         self,
