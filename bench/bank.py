@@ -13,7 +13,19 @@ reported, with the rollbacks each run needed (its last generation - 1) and the p
     python -m bench.bank --transfers 1000000 --workers 1 --repeats 1               # a big backlog
 
 ``--checkouts`` runs the cluster of each given checkout of epochal (its package and examples),
-interleaved with the others, to compare two versions side by side on one broker.
+interleaved with the others, to compare two versions side by side on one broker. ``--snapshots``
+does the same for snapshot settings: ``off``, or an interval in ms (the warehouse is the run's
+own, in a temporary directory).
+
+Latency needs a steady rate, not a backlog: ``--rate N`` adds runs fed N transfers per second
+while the cluster runs (after one probe transfer has come out, so start-up is not counted), for
+``--seconds``; a transfer's latency is the Kafka timestamp of its egress record (produced when
+its epoch's egress is committed) minus that of its input record, and also the time the
+benchmark's ``read_committed`` consumer saw the egress minus the input's timestamp. ``--rate
+half`` first drains the backlogs, then feeds every configuration at half the lowest median peak.
+
+    python -m bench.bank --workers 2 --snapshots off 1000 --rate half    # snapshot overhead
+    python -m bench.bank --transfers 0 --workers 1 --rate 10000 --seconds 30
 """
 
 from __future__ import annotations
@@ -29,10 +41,13 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Producer
+import msgspec
+from confluent_kafka import Producer, TopicPartition
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -41,15 +56,15 @@ from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, cache_di
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.client import KafkaClients
 from epochal.log.local_broker import LocalBroker
-from examples.bank.producer import Deposit, events
+from epochal.schemas.codec import decode
+from epochal.schemas.egress import EgressRecord
+from examples.bank.producer import Deposit, Transfer, events
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _produce(bootstrap: str, topic: str, transfers: int, accounts: int) -> None:
-    import msgspec
-
+def produce(bootstrap: str, topic: str, transfers: int, accounts: int) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000})
     for event in events(transfers, accounts, seed=1):
         key = event.account if isinstance(event, Deposit) else event.source
@@ -62,14 +77,12 @@ def _produce(bootstrap: str, topic: str, transfers: int, accounts: int) -> None:
     assert producer.flush(60) == 0
 
 
-def _count_egress(
+def count_egress(
     clients: KafkaClients, name: str, transfers: int, progress: Progress
 ) -> tuple[float, float]:
     consumer = clients.consumer(
         **{"isolation.level": "read_committed", "group.id": f"{name}.bench"}
     )
-    from confluent_kafka import TopicPartition
-
     consumer.assign([TopicPartition(f"{name}.out.{t}", 0, 0) for t in ("receipts", "errors")])
     task = progress.add_task(f"{name}", total=transfers)
     seen, first, last = 0, 0.0, 0.0
@@ -127,6 +140,88 @@ class RssSampler(threading.Thread):
                 self.peak[role] = max(self.peak.get(role, 0.0), mb)
 
 
+@dataclass(frozen=True)
+class Setup:
+    """One configuration compared: a checkout of epochal, a worker count, snapshot settings
+    (``off``, an interval in ms, ``weak``: weak recovery with the default interval, or
+    ``default``: the checkout's own default, no flag)."""
+
+    checkout: Path
+    workers: int
+    snapshots: str = "default"
+
+    @property
+    def label(self) -> str:
+        snapshots = "" if self.snapshots == "default" else f", snapshots {self.snapshots}"
+        return f"{self.checkout.name}, {self.workers}w{snapshots}"
+
+
+def _command(setup: Setup, name: str, bootstrap: str, port_base: int, run_dir: Path) -> list[str]:
+    command = [
+        sys.executable, "-m", "epochal.cli", "run", "examples.bank.app:app", "--name", name,
+        "--bootstrap", bootstrap, "--workers", str(setup.workers),
+        "--partitions", str(2 * setup.workers), "--port-base", str(port_base),
+        "--run-dir", str(run_dir),
+    ]  # fmt: skip
+    cli = setup.checkout / "epochal" / "cli.py"
+    if "--warehouse" in cli.read_text():  # a checkout with snapshots: never into its own tree
+        command += ["--warehouse", str(run_dir / "warehouse")]
+    if setup.snapshots == "off":
+        command.append("--no-snapshots")
+    elif setup.snapshots == "weak":
+        command += ["--recovery", "weak"]
+    elif setup.snapshots != "default":
+        command += ["--snapshot-interval-ms", setup.snapshots]
+    return command
+
+
+def _snapshots_taken(run_dir: Path) -> int:
+    """Snapshots committed during the run, as its log says."""
+    try:
+        return (run_dir / "run.log").read_text(errors="replace").count("snapshot committed ssid=")
+    except OSError:
+        return 0
+
+
+class _Cluster:
+    """``epochal run`` of the bank for one run, with its RSS sampled; stopped by SIGTERM."""
+
+    def __init__(self, setup: Setup, name: str, bootstrap: str, port_base: int) -> None:
+        self.setup = setup
+        self.name = name
+        self.run_dir = Path(tempfile.mkdtemp(prefix="epochal-bench-"))
+        self.command = _command(setup, name, bootstrap, port_base, self.run_dir)
+        self.sampler = RssSampler(self.run_dir / name / "processes.json")
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+
+    def __enter__(self) -> _Cluster:
+        env = {**os.environ, "PYTHONPATH": str(self.setup.checkout)}
+        with open(self.run_dir / "run.log", "wb") as log:
+            self.started = time.monotonic()
+            self.process = subprocess.Popen(self.command, cwd=self.setup.checkout, env=env,
+                                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        self.sampler.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sampler.stopping.set()
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(60)
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "checkout": str(self.setup.checkout),
+            "workers": self.setup.workers,
+            "partitions": 2 * self.setup.workers,
+            "snapshots": self.setup.snapshots,
+            "snapshots_taken": _snapshots_taken(self.run_dir),
+            "rollbacks": max(0, self.sampler.generation - 1),
+            "peak_rss_mb": self.sampler.peak,
+        }
+
+
 def run_once(
     bootstrap: str,
     workers: int,
@@ -135,44 +230,153 @@ def run_once(
     port_base: int,
     *,
     checkout: Path = ROOT,
+    snapshots: str = "default",
 ) -> dict[str, Any]:
+    """Drain a backlog of ``transfers``: throughput from the first egress record to the last."""
+    setup = Setup(checkout, workers, snapshots)
     name = f"bench{workers}w{uuid.uuid4().hex[:6]}"
     clients = KafkaClients(KafkaConfig(bootstrap))
     clients.create_topics([f"{name}.in.transfers"])
-    _produce(bootstrap, f"{name}.in.transfers", transfers, accounts)
-    run_dir = Path(tempfile.mkdtemp(prefix="epochal-bench-"))
-    command = [
-        sys.executable, "-m", "epochal.cli", "run", "examples.bank.app:app", "--name", name,
-        "--bootstrap", bootstrap, "--workers", str(workers), "--partitions", str(2 * workers),
-        "--port-base", str(port_base), "--run-dir", str(run_dir),
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
-    sampler = RssSampler(run_dir / name / "processes.json")
-    with open(run_dir / "run.log", "wb") as log:
-        started = time.monotonic()
-        process = subprocess.Popen(
-            command, cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-        sampler.start()
-        try:
-            clients.create_topics([f"{name}.out.receipts", f"{name}.out.errors"])
-            with Progress(console=console, transient=True) as progress:
-                first, last = _count_egress(clients, name, transfers, progress)
-        finally:
-            sampler.stopping.set()
-            process.send_signal(signal.SIGTERM)
-            process.wait(60)
+    produce(bootstrap, f"{name}.in.transfers", transfers, accounts)
+    with _Cluster(setup, name, bootstrap, port_base) as cluster:
+        clients.create_topics([f"{name}.out.receipts", f"{name}.out.errors"])
+        with Progress(console=console, transient=True) as progress:
+            first, last = count_egress(clients, name, transfers, progress)
     return {
-        "checkout": str(checkout),
-        "workers": workers,
-        "partitions": 2 * workers,
+        **cluster.facts(),
         "transfers": transfers,
         "seconds": last - first,
         "tps": transfers / (last - first),
-        "seconds_from_start": last - started,
-        "rollbacks": max(0, sampler.generation - 1),
-        "peak_rss_mb": sampler.peak,
+        "seconds_from_start": last - cluster.started,
     }
+
+
+# --- steady rate: latency -----------------------------------------------------------------
+
+
+def feed_at_rate(
+    bootstrap: str,
+    topic: str,
+    source: Any,
+    rate: int,
+    seconds: float,
+    *,
+    stamps: dict[int, int],
+    stop: threading.Event | None = None,
+) -> int:
+    """Transfers from ``source`` at ``rate`` per second, in bursts every 10 ms, for ``seconds``
+    or until ``stop`` is set; returns how many were sent, and fills ``stamps`` with each one's
+    offset and Kafka timestamp (from the delivery reports: the input topics may be trimmed
+    behind the snapshots before anyone could read them back)."""
+
+    def delivered(error: Any, message: Any) -> None:
+        if error is None:
+            stamps[message.offset()] = message.timestamp()[1]
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
+    sent, started, tick = 0, time.monotonic(), 0
+    while (elapsed := time.monotonic() - started) < seconds and not (stop and stop.is_set()):
+        due = int(rate * min(elapsed + 0.01, seconds)) - sent
+        for _ in range(due):
+            producer.produce(topic, msgspec.msgpack.encode(next(source)), on_delivery=delivered)
+        sent += max(0, due)
+        producer.poll(0)
+        tick += 1
+        time.sleep(max(0.0, started + tick * 0.01 - time.monotonic()))
+    assert producer.flush(60) == 0
+    return sent
+
+
+class EgressWatcher(threading.Thread):
+    """Reads the egress as it comes (``read_committed``): per input offset, the egress
+    record's timestamp and when it was seen (both ms since the epoch)."""
+
+    def __init__(self, clients: KafkaClients, name: str) -> None:
+        super().__init__(daemon=True)
+        self.consumer = clients.consumer(**{
+            "isolation.level": "read_committed", "group.id": f"{name}.bench",
+            "fetch.wait.max.ms": 5,
+        })  # fmt: skip
+        topics = [f"{name}.out.{t}" for t in ("receipts", "errors")]
+        self.consumer.assign([TopicPartition(t, 0, 0) for t in topics])
+        self.out: dict[int, tuple[int, float]] = {}
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            for message in self.consumer.consume(10_000, 0.05):
+                if message.error() is not None:
+                    continue
+                seen = time.time() * 1000
+                record = decode(message.value() or b"", EgressRecord)
+                if record.source is not None:
+                    self.out[record.source.offset] = (message.timestamp()[1], seen)
+        self.consumer.close()
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    if not ordered:
+        return {"p50": float("nan"), "p99": float("nan"), "max": float("nan")}
+    return {
+        "p50": ordered[int(0.50 * len(ordered))],
+        "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+        "max": ordered[-1],
+    }
+
+
+def run_steady(
+    bootstrap: str, setup: Setup, *, rate: int, seconds: float, warmup: float, accounts: int,
+    port_base: int,
+) -> dict[str, Any]:  # fmt: skip
+    """Feed transfers at ``rate``/s while the cluster runs; latency per transfer."""
+    name = f"steady{setup.workers}w{uuid.uuid4().hex[:6]}"
+    topic = f"{name}.in.transfers"
+    clients = KafkaClients(KafkaConfig(bootstrap))
+    clients.create_topics([topic, f"{name}.out.receipts", f"{name}.out.errors"])
+    source = events(10**9, accounts, seed=1)
+    produce_events(bootstrap, topic, [next(source) for _ in range(accounts + 1)])  # + a probe
+    latencies = EgressWatcher(clients, name)
+    with _Cluster(setup, name, bootstrap, port_base) as cluster:
+        latencies.start()
+        deadline = time.monotonic() + 180
+        while not latencies.out and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not latencies.out:
+            raise SystemExit(f"{name}: the probe transfer never came out")
+        stamps: dict[int, int] = {}
+        feed_started_ms = time.time() * 1000
+        sent = feed_at_rate(bootstrap, topic, source, rate, seconds, stamps=stamps)
+        deadline = time.monotonic() + 60
+        while len(latencies.out) < sent + 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        latencies.stopping.set()
+        latencies.join(10)
+    counted = [o for o, ts in stamps.items() if ts >= feed_started_ms + 1000 * warmup]
+    done = [o for o in counted if o in latencies.out]
+    by_ts = [latencies.out[o][0] - stamps[o] for o in done]
+    by_seen = [latencies.out[o][1] - stamps[o] for o in done]
+    return {
+        **cluster.facts(),
+        "rate": rate,
+        "seconds": seconds,
+        "sent": sent,
+        "out": len(latencies.out) - 1,
+        "counted": len(counted),
+        "missing": len(counted) - len(done),
+        "latency_ms": _percentiles(by_ts),
+        "seen_latency_ms": _percentiles(by_seen),
+    }
+
+
+def produce_events(bootstrap: str, topic: str, values: list[Deposit | Transfer]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    for value in values:
+        producer.produce(topic, msgspec.msgpack.encode(value))
+    assert producer.flush(60) == 0
+
+
+# --- reports ------------------------------------------------------------------------------
 
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -185,9 +389,88 @@ def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main() -> int:
+def _median_steady(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median run by p99 latency, with every run's p99 beside it."""
+    ordered = sorted(runs, key=lambda r: r["latency_ms"]["p99"])
+    return {
+        **ordered[len(ordered) // 2],
+        "p99_runs": [r["latency_ms"]["p99"] for r in runs],
+        "rollbacks_runs": [r["rollbacks"] for r in runs],
+    }
+
+
+def _label(r: dict[str, Any]) -> str:
+    return Setup(Path(r["checkout"]), r["workers"], r.get("snapshots", "default")).label
+
+
+def _print_backlog(results: list[dict[str, Any]], transfers: int) -> None:
+    table = Table(title=f"bank transfers end to end through Kafka ({transfers:,} transfers)")
+    columns = ("checkout", "workers", "partitions", "snapshots", "taken", "tx/s (median)",
+               "ratio", "runs", "rollbacks")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="right")
+    for r in results:
+        runs_text = ", ".join(f"{t:,.0f}" for t in r["tps_runs"])
+        table.add_row(
+            Path(r["checkout"]).name, str(r["workers"]), str(r["partitions"]), r["snapshots"],
+            str(r["snapshots_taken"]), f"{r['tps']:,.0f}",
+            f"{r['tps'] / results[0]['tps']:.2f}x", runs_text,
+            ", ".join(map(str, r["rollbacks_runs"])),
+        )  # fmt: skip
+    console.print(table)
+    for r in results:
+        rss = ", ".join(f"{role} {mb:.0f}" for role, mb in sorted(r["peak_rss_mb"].items()))
+        console.print(f"peak RSS MB ({_label(r)}): {rss}")
+
+
+def _print_steady(results: list[dict[str, Any]]) -> None:
+    table = Table(title="steady rate: latency per transfer, ms (median run by p99)")
+    columns = ("checkout", "workers", "snapshots", "taken", "rate/s", "p50", "p99", "max",
+               "seen p50", "seen p99", "p99 runs", "missing", "rollbacks")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="right")
+    for r in results:
+        ts, seen = r["latency_ms"], r["seen_latency_ms"]
+        table.add_row(
+            Path(r["checkout"]).name, str(r["workers"]), r["snapshots"],
+            str(r["snapshots_taken"]), f"{r['rate']:,}", f"{ts['p50']:.0f}", f"{ts['p99']:.0f}",
+            f"{ts['max']:.0f}", f"{seen['p50']:.0f}", f"{seen['p99']:.0f}",
+            ", ".join(f"{p:.0f}" for p in r["p99_runs"]), str(r["missing"]),
+            ", ".join(map(str, r["rollbacks_runs"])),
+        )  # fmt: skip
+    console.print(table)
+
+
+def plot_bars(path: Path, panels: list[tuple[str, str, dict[str, float]]]) -> bool:
+    """One bar chart per panel ``(title, y label, {bar label: value})``, side by side, as a
+    PNG; False (and a note) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        console.print("no matplotlib: no PNG (pip install matplotlib)")
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
+    for ax, (title, ylabel, bars) in zip(axes[0], panels, strict=True):
+        ax.bar(range(len(bars)), list(bars.values()), color="tab:blue")
+        ax.set_xticks(range(len(bars)), list(bars), rotation=15, fontsize=8)
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        for i, value in enumerate(bars.values()):
+            text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
+            ax.annotate(text, (i, value), ha="center", va="bottom", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--transfers", type=int, default=200_000)
+    parser.add_argument("--transfers", type=int, default=200_000,
+                        help="backlog per run (0: none, with a numeric --rate)")  # fmt: skip
     parser.add_argument("--accounts", type=int, default=10_000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration (median)")
@@ -200,8 +483,67 @@ def main() -> int:
         "--checkouts", nargs="+", type=Path, default=[ROOT],
         help="epochal checkouts whose clusters to compare (default: this one)",
     )  # fmt: skip
-    args = parser.parse_args()
+    parser.add_argument(
+        "--snapshots", nargs="+", default=["default"],
+        help="snapshot settings to compare: off, an interval in ms, or weak (weak recovery: no "
+        "command log) (default: the cluster's)",
+    )  # fmt: skip
+    parser.add_argument("--rate", help="also steady-rate runs at this many transfers/s, or "
+                        "'half': half the lowest median peak of the backlog runs")  # fmt: skip
+    parser.add_argument("--seconds", type=float, default=30, help="length of a steady run")
+    parser.add_argument("--warmup", type=float, default=3,
+                        help="seconds of a steady run left out of the latencies")  # fmt: skip
+    return parser
 
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for value in args.snapshots:
+        if value not in ("off", "default", "weak") and not value.isdigit():
+            parser.error(f"--snapshots takes off, weak or an interval in ms, not {value!r}")
+    if args.rate not in (None, "half") and not str(args.rate).isdigit():
+        parser.error("--rate takes a number of transfers per second, or half")
+    if args.transfers <= 0 and (args.rate is None or args.rate == "half"):
+        parser.error("without backlog runs (--transfers 0), --rate needs a number")
+
+
+def _run_all(args: argparse.Namespace, bootstrap: str, setups: list[Setup]) -> dict[str, Any]:
+    """Every configuration ``--repeats`` times, interleaved, so drift hits each alike."""
+    report: dict[str, Any] = {"results": [], "steady": []}
+    if args.transfers > 0:
+        runs: dict[Setup, list[dict[str, Any]]] = {s: [] for s in setups}
+        for repeat in range(args.repeats):
+            for i, setup in enumerate(setups):
+                port = 7700 + 10 * i + 100 * repeat
+                runs[setup].append(run_once(
+                    bootstrap, setup.workers, args.transfers, args.accounts, port,
+                    checkout=setup.checkout, snapshots=setup.snapshots,
+                ))  # fmt: skip
+        report["results"] = [_median(r) for r in runs.values()]
+        _print_backlog(report["results"], args.transfers)
+    if args.rate is not None:
+        rate = (
+            int(min(r["tps"] for r in report["results"]) / 2)
+            if args.rate == "half"
+            else int(args.rate)
+        )
+        steady: dict[Setup, list[dict[str, Any]]] = {s: [] for s in setups}
+        for repeat in range(args.repeats):
+            for i, setup in enumerate(setups):
+                port = 8700 + 10 * i + 100 * repeat
+                console.print(f"steady {rate:,}/s for {args.seconds:.0f} s: {setup.label}")
+                steady[setup].append(run_steady(
+                    bootstrap, setup, rate=rate, seconds=args.seconds, warmup=args.warmup,
+                    accounts=args.accounts, port_base=port,
+                ))  # fmt: skip
+        report["steady"] = [_median_steady(r) for r in steady.values()]
+        _print_steady(report["steady"])
+    return report
+
+
+def main() -> int:
+    parser = _parser()
+    args = parser.parse_args()
+    _check_args(parser, args)
     broker = None
     bootstrap = args.bootstrap
     if bootstrap is None:
@@ -212,45 +554,29 @@ def main() -> int:
         )
         broker.start()
         bootstrap = broker.config.bootstrap
-    configurations = [(c.resolve(), w) for c in args.checkouts for w in args.workers]
+    setups = [
+        Setup(c.resolve(), w, s)
+        for c in args.checkouts
+        for w in args.workers
+        for s in args.snapshots
+    ]
     try:
-        runs: dict[tuple[Path, int], list[dict[str, Any]]] = {c: [] for c in configurations}
-        for repeat in range(args.repeats):  # interleaved, so drift hits every configuration
-            for i, (checkout, w) in enumerate(configurations):
-                port = 7700 + 10 * i + 100 * repeat
-                runs[checkout, w].append(
-                    run_once(bootstrap, w, args.transfers, args.accounts, port, checkout=checkout)
-                )
-        results = [_median(r) for r in runs.values()]
+        report = _run_all(args, bootstrap, setups)
     finally:
         if broker is not None:
             broker.stop()
-    table = Table(title=f"bank transfers end to end through Kafka ({args.transfers:,} transfers)")
-    columns = ("checkout", "workers", "partitions", "tx/s (median)", "ratio", "runs", "rollbacks")
-    for column in columns:
-        table.add_column(column, justify="right")
-    for r in results:
-        runs_text = ", ".join(f"{t:,.0f}" for t in r["tps_runs"])
-        table.add_row(
-            Path(r["checkout"]).name, str(r["workers"]), str(r["partitions"]),
-            f"{r['tps']:,.0f}", f"{r['tps'] / results[0]['tps']:.2f}x", runs_text,
-            ", ".join(map(str, r["rollbacks_runs"])),
-        )  # fmt: skip
-    console.print(table)
-    for r in results:
-        rss = ", ".join(f"{role} {mb:.0f}" for role, mb in sorted(r["peak_rss_mb"].items()))
-        console.print(f"peak RSS MB ({Path(r['checkout']).name}, {r['workers']} workers): {rss}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {
-        "bench": "bank",
-        "machine": platform.node(),
-        "cpus": __import__("os").cpu_count(),
-        "results": results,
-    }
-    path = out / f"bank-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(report, indent=2))
-    console.print(f"results in {path}")
+    report = {"bench": "bank", "machine": platform.node(), "cpus": os.cpu_count(), **report}
+    stem = out / f"bank-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
+    panels = [("backlog drain", "transfers/s (median)",
+               {_label(r): r["tps"] for r in report["results"]})]  # fmt: skip
+    if report["steady"]:
+        panels.append((f"steady {report['steady'][0]['rate']:,}/s", "p99 latency ms",
+                       {_label(r): r["latency_ms"]["p99"] for r in report["steady"]}))  # fmt: skip
+    plotted = plot_bars(stem.with_suffix(".png"), [p for p in panels if p[2]])
+    console.print(f"results in {stem}.json" + (f" and {stem}.png" if plotted else ""))
     return 0
 
 
