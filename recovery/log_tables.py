@@ -28,7 +28,6 @@ COMMANDS_SCHEMA = pa.schema([
     pa.field("time", pa.timestamp("ms", tz="UTC"), nullable=False),
     pa.field("seq", pa.int64(), nullable=False),
     pa.field("handler", pa.string(), nullable=False),
-    pa.field("event", pa.binary(), nullable=False),
     pa.field("event_json", pa.string()),
     pa.field("keys", pa.list_(pa.string()), nullable=False),
     pa.field("origin", pa.string(), nullable=False),
@@ -66,10 +65,11 @@ def _event_json(app: App, handler: str, event: bytes) -> str | None:
 def commands_table(app: App, ssid: int, records: Sequence[EpochRecord]) -> pa.Table:
     """Rows of every transaction of ``records`` (the epochs snapshot ``ssid`` closes); an epoch
     without logged transactions gets one row with ``seq`` -1 (interior transactions, which are
-    derived and never logged, may run in it). ``txn`` is the transaction as the log holds it, so
+    derived and never logged, may run in it). ``txn`` is the transaction as the log holds it (its
+    event's canonical bytes included), so
     :func:`epochs_of` gives back the epochs for replay."""
     empty: list[dict[str, object]] = [
-        {"ssid": ssid, "epoch": r.epoch, "time": r.now_ms, "seq": -1, "handler": "", "event": b"",
+        {"ssid": ssid, "epoch": r.epoch, "time": r.now_ms, "seq": -1, "handler": "",
          "keys": [], "origin": "", "code_hash": r.code_hash, "seed": r.seed, "txn": None}
         for r in records
         if not r.txns
@@ -77,7 +77,7 @@ def commands_table(app: App, ssid: int, records: Sequence[EpochRecord]) -> pa.Ta
     rows = [
         {
             "ssid": ssid, "epoch": r.epoch, "time": r.now_ms, "seq": t.seq, "handler": t.handler,
-            "event": t.event, "event_json": _event_json(app, t.handler, t.event),
+            "event_json": _event_json(app, t.handler, t.event),
             "keys": [f"{k.actor_type}:{k.key!r}" for k in t.keys], "origin": t.origin.name.lower(),
             "source_topic": t.source.topic if t.source else None,
             "source_partition": t.source.partition if t.source else None,

@@ -76,6 +76,7 @@ _MANIFEST_SCHEMA = pa.schema([
     pa.field("recovery", pa.string(), nullable=False),
 ])  # fmt: skip
 _LOG_TABLES = {"commands": COMMANDS_SCHEMA, "outbox": OUTBOX_SCHEMA}
+_CHECKPOINT_EVERY = 20
 
 
 @dataclass(frozen=True)
@@ -342,9 +343,10 @@ class DeltaSnapshots:
     # --- retention ---------------------------------------------------------------------------
 
     def retain(self, latest: Manifest) -> None:
-        """Expire snapshots beyond the configured count and age, then trim the command log and
-        (unless ``keep_inputs``) the input topics back to the oldest snapshot kept. ``keep`` 0
-        keeps every snapshot and the whole logs."""
+        """Checkpoint the Delta logs now and then; expire snapshots beyond the configured count
+        and age, then trim the command log and (unless ``keep_inputs``) the input topics back to
+        the oldest snapshot kept. ``keep`` 0 keeps every snapshot and the whole logs."""
+        self._checkpoint(latest)
         if self.config.keep <= 0:
             return
         oldest = self.expire(self.config.keep, self.config.keep_ms, latest.time_ms)
@@ -360,6 +362,21 @@ class DeltaSnapshots:
                 if topic.startswith(prefix):
                     before[topic, int(partition)] = offset
         self.clients.delete_records(before)
+
+    def _checkpoint(self, latest: Manifest) -> None:
+        """A Delta checkpoint every ``_CHECKPOINT_EVERY`` versions of a table: opening a table
+        (each restart, each commit reads the manifest) then reads one Parquet file and a few
+        commits, not every JSON commit since the table was made."""
+        versions = [(self.warehouse.log(t), v) for t, v in latest.log_versions.items()]
+        versions += [(self.warehouse.state(t), v) for t, v in latest.state_versions.items()]
+        versions += [(self.warehouse.changes(t), v) for t, v in latest.change_versions.items()]
+        manifest = self._table(self.warehouse.manifest)
+        versions.append((self.warehouse.manifest, manifest.version()))
+        for uri, version in versions:
+            if version > 0 and version % _CHECKPOINT_EVERY == 0:
+                (
+                    manifest if uri == self.warehouse.manifest else self._table(uri)
+                ).create_checkpoint()
 
     def expire(self, keep: int, keep_ms: int, now_ms: int) -> Manifest | None:
         """Forget snapshots beyond the newest ``keep`` and older than ``keep_ms`` (0: no age

@@ -19,7 +19,7 @@ from epochal.actors.oracle import SerialOracle
 from epochal.actors.snapshots import carried_of, with_log_position
 from epochal.config import SnapshotConfig
 from epochal.recovery.log_tables import OUTBOX_SCHEMA, epochs_of
-from epochal.recovery.snapshots import DeltaSnapshots
+from epochal.recovery.snapshots import _CHECKPOINT_EVERY, DeltaSnapshots
 from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.commands import EpochRecord
 from epochal.schemas.snapshots import Manifest, OutboxRow
@@ -39,9 +39,10 @@ def _log(epochs: int = 12, seed: int = 5) -> list[EpochRecord]:
 
 
 async def _run(
-    engine: Engine, records: list[EpochRecord], snapshots: DeltaSnapshots
+    engine: Engine, records: list[EpochRecord], snapshots: DeltaSnapshots, retain: bool = False
 ) -> list[tuple[EpochResult, Manifest | None]]:
-    """Run epochs; at each snapshot epoch write this (only) worker's part and commit it."""
+    """Run epochs; at each snapshot epoch write this (only) worker's part and commit it (then
+    ``retain``, as the committer does, if asked)."""
     out = []
     for position, record in enumerate(records):
         result = await engine.run_epoch(record)
@@ -50,12 +51,15 @@ async def _run(
             part = snapshots.write(record.epoch, 0, result.changes)
             part = with_log_position(part, record, position + 1, engine.carried)
             manifest = snapshots.commit([part], record.epoch)
+            if retain:
+                snapshots.retain(manifest)
         out.append((result, manifest))
     return out
 
 
 def _snapshots(tmp_path: Path) -> DeltaSnapshots:
-    snapshots = DeltaSnapshots(app, SnapshotConfig(str(tmp_path / "warehouse")), partitions=4)
+    config = SnapshotConfig(str(tmp_path / "warehouse"), keep=0)  # keep all: no expiry here
+    snapshots = DeltaSnapshots(app, config, partitions=4)
     snapshots.ensure_tables(app.code_hash())
     return snapshots
 
@@ -197,3 +201,14 @@ def test_snapshots_archive_their_epochs_and_hold_weak_egress_until_committed(
     snapshots.commit([part], cuts[-1])  # puts the stray outbox version back first
     outbox = snapshots._table(snapshots.warehouse.log("outbox")).to_pyarrow_table()
     assert outbox.column("_ssid").to_pylist().count(cuts[-1]) == len(held[cuts[-1]])
+
+
+def test_delta_logs_get_checkpoints_so_opening_a_table_stays_cheap(tmp_path: Path) -> None:
+    records = _log(epochs=70)  # a snapshot every third epoch: 23 snapshots
+    snapshots = _snapshots(tmp_path)
+    asyncio.run(_run(Engine(app, 4, snapshots=True), records, snapshots, retain=True))
+    manifests = snapshots.manifests()
+    assert len(manifests) > _CHECKPOINT_EVERY
+    log = tmp_path / "warehouse" / app.name / "snapshots" / "_delta_log"
+    assert list(log.glob("*.checkpoint.parquet")), "the manifest table has a checkpoint"
+    assert snapshots.restore() is not None
