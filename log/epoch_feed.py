@@ -7,8 +7,9 @@ checks they agree, and re-sequences the input from that snapshot's positions, nu
 from the one after it. Frames are a 4-byte length and msgpack. A worker going away is the
 sequencer's error (the cluster rolls back); the sequencer going away is the workers'.
 
-A slow worker slows the sequencer (``sendall`` blocks on a full socket): backpressure, not an
-unbounded queue.
+A slow worker slows the sequencer (a send waits on a full socket): backpressure, not an
+unbounded queue; the sequencer's loop keeps beating meanwhile, so waiting is not taken for a
+hang.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = ["EpochFeed", "EpochFeedServer", "FeedClosed", "FeedHello", "stopping_
 
 _LENGTH = struct.Struct(">I")
 _MAX_FRAME = 1 << 30
+_WAIT_S = 0.1
 
 
 class FeedClosed(LogError):
@@ -103,7 +105,7 @@ class EpochFeedServer:
             if hello.generation != self.generation:
                 conn.close()  # a zombie of another generation
                 continue
-            conn.settimeout(None)
+            conn.settimeout(_WAIT_S)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._peers[hello.worker] = conn
             hellos[hello.worker] = hello
@@ -112,13 +114,22 @@ class EpochFeedServer:
                            ssids={w: h.ssid for w, h in hellos.items()})  # fmt: skip
         return hellos[min(hellos)]
 
-    def send(self, record: EpochRecord) -> None:
+    def send(self, record: EpochRecord, waiting: Callable[[], bool] = lambda: False) -> bool:
+        """Send to every worker. A worker busy with a backlog fills its socket: the send waits
+        (backpressure), calling ``waiting()`` every ``_WAIT_S`` meanwhile so the sequencer's
+        loop still counts as alive; if that returns True (stopping), False is returned."""
         data = _frame(msgspec.msgpack.encode(record))
         for worker, conn in self._peers.items():
-            try:
-                conn.sendall(data)
-            except OSError as exc:
-                raise FeedClosed("a worker left the epoch feed", worker=worker) from exc
+            view = memoryview(data)
+            while view:
+                try:
+                    view = view[conn.send(view) :]
+                except TimeoutError:
+                    if waiting():
+                        return False
+                except OSError as exc:
+                    raise FeedClosed("a worker left the epoch feed", worker=worker) from exc
+        return True
 
     def close(self) -> None:
         for conn in self._peers.values():

@@ -360,7 +360,8 @@ class Sequencer:
                 exc, "cannot write dead letters", epoch=record.epoch
             ) from exc
         try:
-            feed.send(record)
+            if not feed.send(record, waiting=should_stop):
+                return False
         except FeedClosed:
             if stopping_soon(should_stop):
                 return False

@@ -5,6 +5,7 @@ every worker gets every epoch in order, and either end going away is an error th
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -88,3 +89,22 @@ def test_a_worker_that_never_connects_and_one_that_leaves_are_errors() -> None:
             server.send(_record(epoch, txns=50))
     server.close()
     only.close()
+
+
+def test_a_send_to_a_busy_worker_waits_beating_and_gives_up_only_when_stopping() -> None:
+    address = f"127.0.0.1:{free_ports(1)}"
+    server = EpochFeedServer(address, workers=1, generation=2)
+    (feed,) = _connect(address, [_hello(0)])  # connected, but reads nothing: busy
+    server.accept(5.0)
+    beats: list[float] = []
+
+    def waiting() -> bool:
+        beats.append(time.monotonic())
+        return len(beats) >= 5  # told to stop after a few beats
+
+    sent = 0
+    while server.send(_record(sent, txns=200), waiting=waiting):
+        sent += 1
+    assert sent > 0 and len(beats) == 5, "it waited, beating, then gave up as told"
+    server.close()
+    feed.close()
