@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -64,6 +65,14 @@ def spark_session(config: SparkConfig) -> SparkSession:
         "spark.sql.shuffle.partitions": "4",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
+        # handlers replay on executors: the same hash seed everywhere (DESIGN §2.3), and in
+        # local mode this interpreter (with epochal), not any python3 on the PATH
+        "spark.executorEnv.PYTHONHASHSEED": "0",
+        **(
+            {"spark.pyspark.python": sys.executable}
+            if config.master.startswith("local") and "PYSPARK_PYTHON" not in os.environ
+            else {}
+        ),
         **config.conf,
     }
     builder = SparkSession.builder.master(config.master).appName(config.app_name)

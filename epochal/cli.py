@@ -27,6 +27,7 @@ from epochal.config import (
     LocalBrokerConfig,
     SequencerConfig,
     SnapshotConfig,
+    SparkConfig,
     WorkerConfig,
     cache_dir_from_env,
 )
@@ -211,6 +212,84 @@ def _replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recover(args: argparse.Namespace) -> int:
+    """The PySpark strong-recovery job, with a progress bar per phase."""
+    from rich.progress import Progress
+
+    from epochal.analytics.spark import spark_session
+    from epochal.jvm import JarSet
+    from epochal.recovery.spark_recovery import RecoveryProgress, recover_strong
+
+    _apps_from_working_directory()
+    config = SnapshotConfig(args.warehouse, _settings(args.storage_option))
+    jars = _cache(args).jar_dir(JarSet.SPARK.value)
+    with console.status(f"starting Spark ({args.master})"):
+        spark = spark_session(SparkConfig(jar_dir=jars, master=args.master,
+                                          app_name="epochal-recover",
+                                          conf=_settings(args.spark_conf)))  # fmt: skip
+    if args.mode == "weak":
+        return _recover_weak(args, config, spark)
+    with Progress(console=console, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(step: RecoveryProgress) -> None:
+            if step.phase not in tasks:
+                tasks[step.phase] = bar.add_task(step.phase, total=step.total)
+            bar.update(tasks[step.phase], completed=step.done, total=step.total)
+
+        report = recover_strong(
+            args.app, args.name, config, spark,
+            kafka=KafkaConfig(args.bootstrap, _settings(args.kafka_setting)),
+            from_ssid=args.from_ssid, into=args.into,
+            allow_code_change=args.allow_code_change, progress=progress,
+        )  # fmt: skip
+    how = (f"in parallel: {report.groups:,} key groups in {report.tasks} tasks"
+           if report.parallel else f"as one ordered task ({report.ordered_reason})")  # fmt: skip
+    console.print(
+        f"[green]✓[/] replayed {report.transactions:,} transactions of {report.epochs:,} epochs "
+        f"from ssid={report.from_ssid} {how} in {report.seconds:.1f} s "
+        f"({report.transactions / max(report.seconds, 1e-9):,.0f}/s)"
+    )
+    console.print(f"  snapshots {list(report.ssids)} committed under {report.tables!r}; "
+                  f"digest {report.digest}")  # fmt: skip
+    if args.into is None:
+        console.print(f"  `epochal run` resumes from it (command-log position "
+                      f"{report.command_log_position})")  # fmt: skip
+    return 0
+
+
+def _recover_weak(args: argparse.Namespace, config: SnapshotConfig, spark: Any) -> int:
+    from rich.progress import Progress
+
+    from epochal.recovery.spark_weak import recover_weak
+
+    if args.from_ssid is not None or args.into is not None:
+        raise ConfigError("--from-ssid and --into are for --mode strong")
+    app = load_app(args.app, args.name)
+    with Progress(console=console, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        kafka = KafkaConfig(args.bootstrap, _settings(args.kafka_setting))
+        report = recover_weak(app, config, spark, kafka, progress=progress)
+    if report.ssid is None:
+        console.print(f"nothing after snapshot ssid={report.from_ssid} to re-sequence")
+        return 0
+    console.print(
+        f"[green]✓[/] re-sequenced {report.records:,} input records after ssid="
+        f"{report.from_ssid} into {report.epochs:,} epochs ({report.transactions:,} "
+        f"transactions, {report.dead_letters} dead letters) in {report.seconds:.1f} s"
+    )
+    console.print(f"  snapshot {report.ssid} committed, digest {report.digest}; it holds "
+                  f"{report.egress:,} egress records that `epochal run --recovery weak` "
+                  "releases")  # fmt: skip
+    return 0
+
+
 def _snapshots(args: argparse.Namespace) -> int:
     """A table of the manifest: what each snapshot holds, and where replay would start."""
     import datetime
@@ -307,6 +386,37 @@ def _run_flags(run: argparse.ArgumentParser) -> None:
                                     "(default: 127.0.0.1, port-base + workers)")  # fmt: skip
 
 
+def _recovery_commands(commands: Any, app_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+    """``epochal recover`` and ``epochal snapshots``."""
+    recover = commands.add_parser(
+        "recover", help="strong recovery as a Spark job: a snapshot + the command log -> a new one"
+    )
+    app_flags(recover)
+    recover.add_argument("--mode", choices=("strong", "weak"), default="strong",
+                         help="strong: replay the command log after a snapshot; weak: "
+                              "re-sequence the input after a weak-mode snapshot")  # fmt: skip
+    recover.add_argument("--warehouse", default="warehouse", help="where the snapshots are")
+    recover.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                         help="delta-rs storage option")  # fmt: skip
+    recover.add_argument("--from-ssid", type=int,
+                         help="the snapshot to start from (default: the latest)")  # fmt: skip
+    recover.add_argument("--into", metavar="NAMESPACE",
+                         help="replay under the current code into <app>/into/NAMESPACE, leaving "
+                              "the app's tables alone")  # fmt: skip
+    recover.add_argument("--master", default="local[2]", help="Spark master")
+    recover.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                         help="a Spark setting")  # fmt: skip
+    recover.set_defaults(handler=_recover)
+
+    listing = commands.add_parser("snapshots", help="list an app's complete snapshots")
+    listing.add_argument("app", help="module:attribute of the App, e.g. examples.bank.app:app")
+    listing.add_argument("--name", help="app name (default: the App's)")
+    listing.add_argument("--warehouse", default="warehouse", help="where the snapshots are")
+    listing.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                         help="delta-rs storage option")  # fmt: skip
+    listing.set_defaults(handler=_snapshots)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="epochal", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
@@ -355,13 +465,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="ignore snapshots: replay the whole command log")  # fmt: skip
     replay.set_defaults(handler=_replay)
 
-    listing = commands.add_parser("snapshots", help="list an app's complete snapshots")
-    listing.add_argument("app", help="module:attribute of the App, e.g. examples.bank.app:app")
-    listing.add_argument("--name", help="app name (default: the App's)")
-    listing.add_argument("--warehouse", default="warehouse", help="where the snapshots are")
-    listing.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                         help="delta-rs storage option")  # fmt: skip
-    listing.set_defaults(handler=_snapshots)
+    _recovery_commands(commands, app_flags)
 
     demo = commands.add_parser("demo", help="run the demo on a local broker, Spark and warehouse")
     demo.add_argument("--warehouse", default="warehouse", help="Delta warehouse root")
@@ -391,7 +495,7 @@ def _with_fixed_hash_seed(argv: Sequence[str] | None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command in ("replay", "demo"):
+    if args.command in ("replay", "recover", "demo"):
         _with_fixed_hash_seed(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(message)s", handlers=[RichHandler(console=console)])

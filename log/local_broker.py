@@ -173,7 +173,7 @@ class LocalBroker:
             return
         formatted = subprocess.run(
             [java, "-cp", f"{jars}/*", *self._log4j_flags(), _FORMAT_CLASS, "format",
-             "-t", _cluster_id(), "-c", str(self._properties_file)],
+             f"--cluster-id={_cluster_id()}", "-c", str(self._properties_file)],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         if formatted.returncode != 0:

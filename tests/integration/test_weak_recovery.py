@@ -16,11 +16,14 @@ import time
 
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql import SparkSession
 
 from epochal.actors.oracle import SerialOracle
+from epochal.config import SnapshotConfig
 from epochal.recovery.log_tables import epochs_of
+from epochal.recovery.spark_weak import recover_weak
 from epochal.schemas.commands import EpochRecord
-from tests.integration.cluster import Cluster, wait_until
+from tests.integration.cluster import Cluster, app_named, wait_until
 from tests.unit.actors.workload import app
 
 pytestmark = pytest.mark.integration
@@ -42,6 +45,62 @@ def _covered(cluster: Cluster) -> int:
     if not manifests:
         return 0
     return sum(o for k, o in manifests[-1].input_positions.items() if ".in.ops:" in k)
+
+
+def _check_history(cluster: Cluster) -> list[EpochRecord]:
+    """Once every input is out: the history the latest snapshot archived applies each input
+    once, in its partition's order; the oracle over it gives the snapshot's digest; every
+    transfer's egress record is out once, as that history says, naming its input."""
+    egress = cluster.wait_for_egress(timeout_s=90)
+    wait_until(lambda: _covered(cluster) == cluster.produced, 30, "no snapshot covers the input")
+    epochs, digest = _archived(cluster)
+    border = [(e.epoch, t.seq, t.source.offset) for e in epochs for t in e.txns
+              if t.source and t.source.topic.endswith(".ops")]  # fmt: skip
+    offsets = [offset for _, _, offset in border]
+    assert offsets == list(range(cluster.produced)), "each input once, in the partition's order"
+    results = SerialOracle(app).run(epochs)
+    assert results[-1].digest == digest, "the snapshot's state is the archived history's"
+    expected = sorted(
+        (o.epoch, o.seq, o.committed, o.reason)
+        for r in results
+        for o in r.outcomes
+        if o.handler == "transfer"
+    )
+    released = sorted((r.epoch, r.seq, r.committed, r.reason) for r in egress)
+    assert released == expected, "every transfer's egress once, as the valid history says"
+    sources = {(e.epoch, t.seq): t.source for e in epochs for t in e.txns}
+    assert all(sources[r.epoch, r.seq] == r.source for r in egress), "each says its input"
+    return epochs
+
+
+def test_the_weak_recovery_job_in_spark_resequences_the_input_after_the_snapshot(
+    cluster: Cluster, spark: SparkSession
+) -> None:
+    """The cluster stops; input arrives meanwhile; ``recover --mode weak`` re-sequences it in
+    Spark into a snapshot; the cluster resumes from that snapshot and releases its egress."""
+    cluster.start(workers=2, partitions=4, snapshot_ms=200, extra=WEAK)
+    cluster.produce(200, deposits=True)
+    cluster.wait_for_egress()
+    wait_until(lambda: _covered(cluster) == cluster.produced, 30, "no snapshot covers the input")
+    cluster.stop()
+    before = cluster.snapshots().manifests()[-1]
+    cluster.produce(500)  # only the input topic holds these: there is no command log
+    config = SnapshotConfig(str(cluster.warehouse), recovery="weak")
+    report = recover_weak(app_named(cluster.name), config, spark, cluster.kafka.config,
+                          max_records=120)  # fmt: skip
+    assert (report.from_ssid, report.records, report.transactions) == (before.ssid, 500, 500)
+    assert report.epochs == 5 and report.egress == 500  # 120 a piece; a report per transfer
+    latest = cluster.snapshots().manifests()[-1]
+    assert (latest.ssid, latest.digest, latest.recovery) == (report.ssid, report.digest, "weak")
+    assert _covered(cluster) == cluster.produced
+    epochs, digest = _archived(cluster)
+    assert SerialOracle(app).run(epochs)[-1].digest == digest == report.digest
+    cluster.start(workers=2, partitions=4, snapshot_ms=200, extra=WEAK)  # resumes from it
+    resumed = f"workers on the epoch feed ssid={report.ssid} "
+    wait_until(lambda: resumed in cluster.log(), 30, "not resumed from the job's snapshot")
+    cluster.produce(100)
+    _check_history(cluster)
+    cluster.stop()
 
 
 def _part_files(cluster: Cluster) -> int:
@@ -66,26 +125,7 @@ def test_weak_recovery_applies_every_input_once_in_order_and_never_contradicts_e
         wait_until(lambda g=generation: cluster.generation() > g, 30, "no rollback",
                    log=cluster.log)  # fmt: skip
     cluster.produce(300)
-    egress = cluster.wait_for_egress(timeout_s=90)
-    wait_until(lambda: _covered(cluster) == cluster.produced, 30, "no snapshot covers the input")
-
-    epochs, digest = _archived(cluster)
-    border = [(e.epoch, t.seq, t.source.offset) for e in epochs for t in e.txns
-              if t.source and t.source.topic.endswith(".ops")]  # fmt: skip
-    offsets = [offset for _, _, offset in border]
-    assert offsets == list(range(cluster.produced)), "each input once, in the partition's order"
-    results = SerialOracle(app).run(epochs)
-    assert results[-1].digest == digest, "the snapshot's state is the archived history's"
-    expected = sorted(
-        (o.epoch, o.seq, o.committed, o.reason)
-        for r in results
-        for o in r.outcomes
-        if o.handler == "transfer"
-    )
-    released = sorted((r.epoch, r.seq, r.committed, r.reason) for r in egress)
-    assert released == expected, "every transfer's egress once, as the valid history says"
-    sources = {(e.epoch, t.seq): t.source for e in epochs for t in e.txns}
-    assert all(sources[r.epoch, r.seq] == r.source for r in egress), "each says its input"
+    _check_history(cluster)
     cluster.stop()
 
 
