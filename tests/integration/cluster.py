@@ -140,7 +140,10 @@ class Cluster:
 
     def produce_values(self, values: list[bytes], topic: str = "in.ops") -> None:
         """Records as they are, to ``<app>.<topic>`` (counted as input if it is ``in.ops``)."""
-        producer = Producer({"bootstrap.servers": self.kafka.config.bootstrap_servers})
+        producer = Producer({
+            "bootstrap.servers": self.kafka.config.bootstrap_servers,
+            "sticky.partitioning.linger.ms": 0,  # records without a key: any partition, each
+        })  # fmt: skip
         for value in values:
             producer.produce(f"{self.name}.{topic}", value)
         assert producer.flush(30) == 0

@@ -28,7 +28,8 @@ from tests.unit.actors.workload import app
 
 pytestmark = pytest.mark.integration
 
-WEAK = ["--recovery", "weak"]
+INPUT_PARTITIONS = 3
+WEAK = ["--recovery", "weak", "--input-partitions", str(INPUT_PARTITIONS)]
 
 
 def _archived(cluster: Cluster) -> tuple[list[EpochRecord], str]:
@@ -54,10 +55,17 @@ def _check_history(cluster: Cluster) -> list[EpochRecord]:
     egress = cluster.wait_for_egress(timeout_s=90)
     wait_until(lambda: _covered(cluster) == cluster.produced, 30, "no snapshot covers the input")
     epochs, digest = _archived(cluster)
-    border = [(e.epoch, t.seq, t.source.offset) for e in epochs for t in e.txns
-              if t.source and t.source.topic.endswith(".ops")]  # fmt: skip
-    offsets = [offset for _, _, offset in border]
-    assert offsets == list(range(cluster.produced)), "each input once, in the partition's order"
+    topic = f"{cluster.name}.in.ops"
+    by_partition: dict[int, list[int]] = {}
+    for e in epochs:
+        for t in e.txns:
+            if t.source and t.source.topic == topic:
+                by_partition.setdefault(t.source.partition, []).append(t.source.offset)
+    ends = {p: cluster.kafka.end_offset(topic, p) for p in range(INPUT_PARTITIONS)}
+    assert sum(ends.values()) == cluster.produced
+    assert len([p for p, end in ends.items() if end]) > 1, "the input spans partitions"
+    for partition, end in ends.items():  # each input once, in its partition's order
+        assert by_partition.get(partition, []) == list(range(end)), partition
     results = SerialOracle(app).run(epochs)
     assert results[-1].digest == digest, "the snapshot's state is the archived history's"
     expected = sorted(
@@ -88,7 +96,8 @@ def test_the_weak_recovery_job_in_spark_resequences_the_input_after_the_snapshot
     config = SnapshotConfig(str(cluster.warehouse), recovery="weak")
     report = recover_weak(app_named(cluster.name), config, spark, cluster.kafka.config,
                           max_records=120)  # fmt: skip
-    assert (report.from_ssid, report.records, report.transactions) == (before.ssid, 500, 500)
+    assert (report.from_ssid, report.transactions) == (before.ssid, 500)
+    assert report.records - 500 in (0, 1)  # and a worker's tick for waiting interior ones
     assert report.epochs == 5 and report.egress == 500  # 120 a piece; a report per transfer
     latest = cluster.snapshots().manifests()[-1]
     assert (latest.ssid, latest.digest, latest.recovery) == (report.ssid, report.digest, "weak")
