@@ -52,6 +52,8 @@ def spark_session(config: SparkConfig) -> SparkSession:
     if config.master.startswith("local"):
         # Spark picks the first non-loopback interface otherwise, and says so on every start.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Python workers run this interpreter (with epochal), not any python3 on the PATH
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     work = config.work_dir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     jars = ",".join(str(jar) for jar in spark_jars(config.jar_dir))
@@ -65,14 +67,8 @@ def spark_session(config: SparkConfig) -> SparkSession:
         "spark.sql.shuffle.partitions": "4",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        # handlers replay on executors: the same hash seed everywhere (DESIGN §2.3), and in
-        # local mode this interpreter (with epochal), not any python3 on the PATH
+        # handlers replay on executors: the same hash seed everywhere (DESIGN §2.3)
         "spark.executorEnv.PYTHONHASHSEED": "0",
-        **(
-            {"spark.pyspark.python": sys.executable}
-            if config.master.startswith("local") and "PYSPARK_PYTHON" not in os.environ
-            else {}
-        ),
         **config.conf,
     }
     builder = SparkSession.builder.master(config.master).appName(config.app_name)
