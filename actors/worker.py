@@ -6,9 +6,12 @@ with the other workers) → hand each partition's egress to its transactional wr
 egress every ``egress_interval_ms``, or sooner once a writer holds ``MAX_PENDING_EGRESS`` records
 (a backlog of any size drains in bounded transactions).
 
-Until snapshots exist a worker always starts from the beginning of the command log: state is
-rebuilt by replay, and a partition produces egress only for epochs after the position its writer
-last committed (``log/egress.py``), so a restart never repeats an output. An epoch whose number
+A worker starts from the latest complete snapshot (or the log's start, without one) and replays
+the command log after it; a partition produces egress only for epochs after the position its
+writer last committed (``log/egress.py``), so a restart never repeats an output. At the epochs
+the sequencer marks, it hands its changed actors to :class:`_Snapshotting` (written off the loop,
+committed by worker 0). In weak recovery the epochs come from the sequencer's feed instead of a
+log, and egress is held until the snapshot that covers it commits. An epoch whose number
 does not follow the last one is refused: two sequencers wrote the log. When the epoch just run
 emitted interior transactions and no new epoch comes, worker 0 asks the sequencer for one (a
 *tick* on ``<app>.requests``), so an idle input never strands them. Anything that is not a
@@ -173,9 +176,8 @@ class Worker:
                 for logged in epochs:
                     await self._epoch(engine, logged, writers, taking, progress)
                 recovery.after_poll(progress.next, bool(epochs))
-                if self.weak:
-                    pass  # egress goes out when a snapshot commits (_Snapshotting.release)
-                elif time.monotonic() - progress.committed_at >= config.egress_interval_ms / 1000:
+                due = time.monotonic() - progress.committed_at >= config.egress_interval_ms / 1000
+                if due and not self.weak:  # weak: egress goes out when a snapshot commits
                     await progress.commit(writers)
                 ticker.after_poll(bool(epochs), progress.epoch - 1, bool(engine.carried))
             if not self.weak:

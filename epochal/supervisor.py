@@ -1,13 +1,13 @@
 """``epochal run``: one sequencer and N worker processes, kept alive as one cluster.
 
 A failed worker or sequencer triggers a cluster-wide rollback (DESIGN §2.9): every worker is
-killed, the generation goes up, and all workers start again; they rebuild state by replaying the
-command log and produce egress only past what each partition already committed. Frames and
-replies carry the generation, so a zombie of the old generation is ignored, and the stable
-transactional ids fence its Kafka producers. A restarted sequencer resumes from the command log.
-(In strong mode the workers could keep going through a sequencer restart; weak recovery
-re-sequences the input, which is why the rule is uniform.) Every child runs with
-``PYTHONHASHSEED=0``.
+killed, the generation goes up, and all workers start again; they load the latest snapshot,
+replay the command log after it and produce egress only past what each partition already
+committed. Frames and replies carry the generation, so a zombie of the old generation is
+ignored, and the stable transactional ids fence its Kafka producers. A restarted sequencer
+resumes from the command log's tail. In weak recovery the sequencer restarts with every
+rollback: it re-sequences the input from the snapshot the workers resumed from. Every child runs
+with ``PYTHONHASHSEED=0``.
 
 A failure is detected within ``failure_timeout_ms`` (plus a watch interval) in three ways:
 

@@ -6,7 +6,8 @@ arrived, so a half-written epoch (a sequencer killed mid-transaction) is never a
 ``read_committed`` it is never even seen. The position of an epoch is the offset of its final
 chunk: a consumer that commits ``position + 1`` resumes at the next epoch.
 
-The log is kept forever (until snapshots exist, recovery replays it from offset 0). Readers run
+The topic's own retention is forever: epochal trims it back to the oldest snapshot kept
+(:meth:`DeltaSnapshots.retain`), never further. Readers run
 with ``auto.offset.reset=error``: a start below the log's first offset is a
 :class:`LogTruncatedError`, never a silent jump. :meth:`KafkaCommandLog.last_epoch` reads only the
 tail, backwards from the end in growing windows, so a restart costs the same whatever the log's

@@ -134,9 +134,10 @@ class Sequencer:
     def ensure_topics(self, input_partitions: int = 1) -> None:
         """Create the app's topics if missing, and make sure they keep what recovery needs.
 
-        The command log is kept forever (replay starts at offset 0 until snapshots exist); the
-        input and requests topics for ``input_retention_ms`` (default forever). An existing topic
-        that keeps less gets its retention raised, with a warning; none is ever lowered.
+        The command log's retention is forever (epochal trims it back to the oldest snapshot
+        kept); the input and requests topics get ``input_retention_ms`` (default forever). An
+        existing topic that keeps less gets its retention raised, with a warning; none is ever
+        lowered.
         """
         retention = self.config.input_retention_ms
         stream_config = {"retention.ms": str(retention), "retention.bytes": str(FOREVER)}
