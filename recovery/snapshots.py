@@ -55,7 +55,7 @@ from epochal.schemas.arrow import RowLayout
 from epochal.schemas.commands import ActorKey, EpochRecord
 from epochal.schemas.snapshots import ChangeFile, LogFile, Manifest, OutboxRow, SnapshotPart
 
-__all__ = ["DeltaSnapshots", "Warehouse"]
+__all__ = ["ACTOR_COLUMNS", "DeltaSnapshots", "Warehouse", "actor_rows", "read_manifests"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +125,26 @@ def _manifest_of(row: dict[str, object]) -> Manifest:
     return msgspec.convert(row, Manifest)
 
 
+def read_manifests(warehouse: Warehouse) -> list[Manifest]:
+    """Every complete snapshot in ``warehouse``, oldest first (none before the first)."""
+    try:
+        table = DeltaTable(warehouse.manifest, storage_options=warehouse.options)
+    except TableNotFoundError:
+        return []
+    rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda row: row["ssid"])
+    return [_manifest_of(row) for row in rows]
+
+
+ACTOR_COLUMNS = ("_key", "_state")  # what a restore needs of a state row
+
+
+def actor_rows(data: pa.Table) -> list[tuple[ActorKey, bytes]]:
+    """``(key, canonical bytes)`` of state rows read with :data:`ACTOR_COLUMNS`: what a restore
+    loads and a snapshot read (:mod:`epochal.recovery.snapshot_reads`) answers."""
+    return list(zip(data.column("_key").to_pylist(), data.column("_state").to_pylist(),
+                    strict=True))  # fmt: skip
+
+
 class DeltaSnapshots:
     """One app's snapshots in its warehouse.
 
@@ -173,12 +193,7 @@ class DeltaSnapshots:
 
     def manifests(self) -> list[Manifest]:
         """Every complete snapshot, oldest first."""
-        try:
-            table = self._table(self.warehouse.manifest).to_pyarrow_table()
-        except TableNotFoundError:
-            return []
-        rows = sorted(table.to_pylist(), key=lambda row: row["ssid"])
-        return [_manifest_of(row) for row in rows]
+        return read_manifests(self.warehouse)
 
     # --- a worker's part ------------------------------------------------------------------
 
@@ -423,7 +438,7 @@ class DeltaSnapshots:
     def _actors(self, actor_type: str, manifest: Manifest) -> list[tuple[ActorKey, bytes]]:
         version = manifest.state_versions.get(actor_type, 0)
         table = self._table(self.warehouse.state(actor_type), version)
-        data = table.to_pyarrow_table(columns=["_key", "_state"])
+        data = table.to_pyarrow_table(columns=list(ACTOR_COLUMNS))
         expected = manifest.actors.get(actor_type, 0)
         if data.num_rows != expected:
             raise RecoveryError(
@@ -431,5 +446,4 @@ class DeltaSnapshots:
                 ssid=manifest.ssid, table=self.warehouse.state(actor_type), version=version,
                 rows=data.num_rows, expected=expected,
             )  # fmt: skip
-        return list(zip(data.column("_key").to_pylist(), data.column("_state").to_pylist(),
-                        strict=True))  # fmt: skip
+        return actor_rows(data)
