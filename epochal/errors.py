@@ -16,6 +16,7 @@ Users catch these, never a library's exception type: ``log/`` translates conflue
     │   └── LogTruncatedError
     ├── SchemaError                 a record does not decode or does not match its schema
     └── QueryError
+        └── SnapshotNotRetainedError  a snapshot read at an ssid expired or never taken
 
 Every error carries its context (topic, partition, offset, epoch, actor key, ...) as keyword
 arguments and prints it after the message, so a log line says where things went wrong.
@@ -38,6 +39,7 @@ __all__ = [
     "RecoveryError",
     "SchemaError",
     "SnapshotMissingError",
+    "SnapshotNotRetainedError",
     "TransactionAborted",
     "describe_exception",
 ]
@@ -100,6 +102,11 @@ class SchemaError(EpochalError):
 
 class QueryError(EpochalError):
     """A query could not be answered."""
+
+
+class SnapshotNotRetainedError(QueryError):
+    """A read at a snapshot the manifest does not hold (expired, or never taken); the context
+    names the ssid asked for and the retained range (``oldest``, ``newest``)."""
 
 
 def describe_exception(exc: BaseException) -> str:
