@@ -100,6 +100,12 @@ class App:
     _by_class: dict[type, ActorType] = field(default_factory=dict, repr=False)
     _by_fn: dict[Callable[..., Any], Handler] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        from epochal.actors.serializable import READ_HANDLER, ReadKeys, read_handler_parts
+
+        read, keys = read_handler_parts(self)  # every app answers serializable reads
+        self.handlers[READ_HANDLER] = Handler(READ_HANDLER, read, ReadKeys, keys, client=True)
+
     @property
     def topics(self) -> TopicNames:
         return TopicNames(self.name)

@@ -32,7 +32,7 @@ from epochal.actors.outcome import FATAL, Emitted, TxnOutcome
 from epochal.actors.plan import EpochClock, Invocation
 from epochal.errors import EpochalError, SchemaError, TransactionAborted, describe_exception
 from epochal.schemas.codec import encode
-from epochal.schemas.commands import ActorKey, KeyRef
+from epochal.schemas.commands import ActorKey, KeyRef, Origin
 
 __all__ = [
     "MAX_EGRESS_BYTES",
@@ -248,18 +248,34 @@ def run_transaction(
     if inv.error:
         return TxnOutcome(inv.epoch, inv.seq, inv.handler.name, False, _cut(inv.error),
                           source=inv.source, request_id=inv.request_id)  # fmt: skip
+    client = inv.origin == Origin.CLIENT
     ctx = Context(app, inv, reads, clock)
+    result = b""
     try:
-        inv.handler.fn(ctx, inv.event)
+        returned = inv.handler.fn(ctx, inv.event)
         reason = ctx.violation or ctx.broken_constraint()
+        if client and returned is not None and reason is None:
+            result, reason = _result_of(returned)
     except FATAL:
         raise
     except BaseException as exc:  # handler code's exception, however odd: an abort
         reason = ctx.violation or describe_exception(exc)
     if reason is not None:
         return TxnOutcome(inv.epoch, inv.seq, inv.handler.name, False, _cut(reason),
-                          source=inv.source, request_id=inv.request_id)  # fmt: skip
+                          source=inv.source, request_id=inv.request_id, client=client)  # fmt: skip
     return TxnOutcome(
         inv.epoch, inv.seq, inv.handler.name, True, writes=ctx.writes(), emits=ctx.emitted,
-        egress=ctx.egressed, source=inv.source, request_id=inv.request_id,
+        egress=ctx.egressed, source=inv.source, request_id=inv.request_id, client=client,
+        result=result,
     )  # fmt: skip
+
+
+def _result_of(returned: object) -> tuple[bytes, str | None]:
+    """What a client transaction's handler returned, as msgpack for its reply, or why not."""
+    try:
+        data = encode(returned)
+    except Exception as exc:  # any failure to encode it is the handler's
+        return b"", f"the returned value does not encode: {describe_exception(exc)}"
+    if len(data) > MAX_EGRESS_BYTES:
+        return b"", f"the returned value of {len(data)} bytes is over {MAX_EGRESS_BYTES}"
+    return data, None

@@ -31,7 +31,7 @@ from epochal.log.egress import (
     write_layout,
 )
 from epochal.schemas.codec import encode
-from epochal.schemas.egress import EgressLayout, EgressRecord
+from epochal.schemas.egress import ClientReply, EgressLayout, EgressRecord
 
 __all__ = ["MAX_PENDING_EGRESS", "egress_records", "prepare_egress"]
 
@@ -45,17 +45,24 @@ bounded transactions instead of filling the producer's queue."""
 def egress_records(app: App, outcome: TxnOutcome) -> list[tuple[str, bytes]]:
     """(topic, value) of what one reported outcome writes to egress topics."""
     o = outcome
+    records: list[tuple[str, bytes]] = []
+    if o.client:
+        reply = ClientReply(o.request_id, o.epoch, o.seq, o.handler, o.committed, o.reason,
+                            o.result)  # fmt: skip
+        records.append((app.topics.replies, encode(reply)))
     if o.committed:
-        return [
+        records += [
             (app.topics.egress(name), encode(EgressRecord(o.epoch, o.seq, o.handler, True, value,
                                                           "", o.source, o.request_id)))
             for name, value in o.egress
         ]  # fmt: skip
+        return records
     aborts_to = app.handlers[o.handler].aborts_to
-    if aborts_to is None:
-        return []
-    record = EgressRecord(o.epoch, o.seq, o.handler, False, b"", o.reason, o.source, o.request_id)
-    return [(app.topics.egress(aborts_to), encode(record))]
+    if aborts_to is not None:
+        record = EgressRecord(o.epoch, o.seq, o.handler, False, b"", o.reason, o.source,
+                              o.request_id)  # fmt: skip
+        records.append((app.topics.egress(aborts_to), encode(record)))
+    return records
 
 
 def prepare_egress(

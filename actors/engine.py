@@ -25,6 +25,7 @@ from epochal.actors.executor import EpochExecutor, Reads, split_plan
 from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import EpochClock, emitted_by, plan_epoch
+from epochal.actors.snapshots import Reported
 from epochal.actors.store import Change, StateStore
 from epochal.actors.transport import (
     DoneFrame,
@@ -41,6 +42,11 @@ from epochal.schemas.snapshots import SnapshotPart
 __all__ = ["Engine", "EpochResult", "LocalEngine", "owner_of"]
 
 T = TypeVar("T")
+
+VERSION_WINDOW_EPOCHS = 32
+"""Without snapshots, a store that serves ``COMMITTED`` reads keeps versions back this many
+epochs at most (with snapshots, back to the last one): a read at an older cut is refused and the
+client asks again at a newer one."""
 
 
 def owner_of(partition: int, partitions: int, workers: int) -> int:
@@ -81,6 +87,7 @@ class Engine:
         *,
         track_digest: bool = True,
         snapshots: bool = False,
+        queries: bool = False,
     ) -> None:
         if workers > 1 and peers is None:
             raise ValueError("several workers need peers to exchange with")
@@ -92,12 +99,15 @@ class Engine:
         self.worker_of = tuple(owner_of(p, partitions, workers) for p in range(partitions))
         self.partitions = tuple(PartitionId(p) for p, w in enumerate(self.worker_of) if w == worker)
         self.snapshots = snapshots
-        self.store = StateStore(self.partitions, track_digest, versioned=snapshots)
+        self.store = StateStore(self.partitions, track_digest, versioned=snapshots or queries)
+        self.executed = -1  # the last epoch this worker has run (its writes are all applied)
+        self.completed = -1  # the last epoch every worker has run: a consistent cut
         self.executor = EpochExecutor(app, worker, self.partitions, self.store)
         self.peers = peers
         if peers is not None:
             peers.on_frame = self.on_frame
         self.carried: list[Emitted] = []
+        self._reported: list[Reported] = []  # with snapshots: since the last take_reported()
         self.on_part: Callable[[SnapshotPart], None] = lambda part: None  # worker 0's committer
         self.on_committed: Callable[[int], None] = lambda ssid: None  # worker 0 said: committed
         self._done: dict[int, dict[int, list[Emitted]]] = {}
@@ -132,19 +142,36 @@ class Engine:
 
     async def run_epoch(self, record: EpochRecord) -> EpochResult:
         clock = EpochClock.of(record)
-        plan = plan_epoch(self.app, record, self.carried)
+        carried = self.carried
+        plan = plan_epoch(self.app, record, carried)
         steps = split_plan(plan, self.ranges, self.worker_of, self.worker)
         by_partition = await self._unless_peers_fail(self.executor.run_epoch(clock, steps, self))
+        self.executed = record.epoch
         outcomes = tuple(sorted((o for part in by_partition.values() for o in part),
                                 key=lambda o: o.seq))  # fmt: skip
+        if self.snapshots:
+            self._reported.append(Reported.of(record, outcomes, carried))
         emitted = emitted_by(outcomes)
         if self.peers is not None:
             emitted += await self._exchange_emits(record.epoch, emitted)
         self.carried = sorted(emitted, key=lambda e: (e.epoch, e.seq, e.index))
+        self.completed = record.epoch  # every other worker announced its end of this epoch
         changes = None
         if record.snapshot and self.snapshots:
             changes = self.store.take_changes(record.epoch)
+        elif (
+            not self.snapshots
+            and self.store.versioned
+            and record.epoch - self.store.floor >= VERSION_WINDOW_EPOCHS
+        ):
+            self.store.raise_floor(record.epoch - 1)  # queries only: keep a few epochs' versions
         return EpochResult(record.epoch, outcomes, self.digest(), by_partition, changes)
+
+    def take_reported(self) -> list[Reported]:
+        """With snapshots: what the transactions this worker reported did since the last call
+        (or the load), for the snapshot that closes these epochs."""
+        reported, self._reported = self._reported, []
+        return reported
 
     def load(
         self, actors: Mapping[str, Iterable[tuple[ActorKey, bytes]]], epoch: int,
@@ -160,7 +187,9 @@ class Engine:
                 if partition in mine:
                     self.store.load(ref, partition, value)
         self.store.floor = epoch
+        self.executed = self.completed = epoch
         self.carried = list(carried)
+        self._reported = []
 
     async def _exchange_emits(self, epoch: int, mine: list[Emitted]) -> list[Emitted]:
         """Announce this worker's emits for ``epoch`` and collect every other worker's."""

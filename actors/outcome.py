@@ -32,6 +32,8 @@ class Emitted(msgspec.Struct, frozen=True, array_like=True):
     keys: tuple[KeyRef, ...]
     source: InputPosition | None = None
     request_id: str = ""
+    client: bool = False
+    result: bytes = b""
 
 
 @dataclass
@@ -39,7 +41,9 @@ class TxnOutcome:
     """What a transaction did: committed or not (and why), its writes, emits and egress.
 
     ``writes`` maps each written actor to its new state as canonical bytes, or None where it was
-    deleted. ``source``/``request_id`` identify the input the transaction came from.
+    deleted. ``source``/``request_id`` identify the input the transaction came from. A client
+    transaction (``client``) is answered on ``<app>.replies`` with its outcome and ``result``,
+    the msgpack of what its handler returned.
     """
 
     epoch: int
@@ -52,3 +56,5 @@ class TxnOutcome:
     egress: list[tuple[str, bytes]] = field(default_factory=list)
     source: InputPosition | None = None
     request_id: str = ""
+    client: bool = False
+    result: bytes = b""

@@ -51,6 +51,11 @@ class KeyRanges:
             {name: split_points(t, partitions) for name, t in app.actor_types.items()},
         )
 
+    @property
+    def points(self) -> Mapping[str, Sequence[ActorKey]]:
+        """Each actor type's split points."""
+        return self._points
+
     def partition_of(self, ref: KeyRef) -> PartitionId:
         return PartitionId(bisect.bisect_right(self._points[ref.actor_type], ref.key))
 

@@ -9,16 +9,19 @@ written since the **floor** epoch the store keeps its value at the floor and at 
 epoch that wrote it. A snapshot at epoch e takes the actors changed since the last snapshot —
 exactly those with versions — with their values at e and at the floor (their digest delta) in
 O(changed actors), then raises the floor to e. A read "as of epoch c", c >= floor, finds the last
-version at or before c (the query issue's ``COMMITTED`` reads hold the floor down while they run).
+version at or before c: the query server's ``COMMITTED`` reads (a read is answered at once, on the
+loop, so the floor never moves under it). Range scans use a sorted index of each type's keys,
+rebuilt only after the set of actors changed.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from epochal.actors.digest import DigestSum, item_hash
-from epochal.schemas.commands import KeyRef, PartitionId
+from epochal.schemas.commands import ActorKey, KeyRef, PartitionId
 
 __all__ = ["Change", "StateStore"]
 
@@ -67,12 +70,15 @@ class StateStore:
         self.digests: dict[PartitionId, DigestSum] | None = (
             {p: DigestSum() for p in partitions} if track_digest else None
         )
+        self._index: dict[str, list[ActorKey]] | None = None  # sorted keys, per type
 
     def apply(self, ref: KeyRef, partition: PartitionId, value: bytes | None, epoch: int) -> None:
         """Write (or delete, with None) one actor of ``partition`` in ``epoch``."""
         old = self.values.pop(ref, None) if value is None else self.values.get(ref)
         if value is not None:
             self.values[ref] = value
+        if (old is None) != (value is None):
+            self._index = None  # an actor came or went
         if self.digests is not None:
             self.digests[partition].replace(ref, old, value)
         if not self.versioned:
@@ -89,6 +95,7 @@ class StateStore:
     def load(self, ref: KeyRef, partition: PartitionId, value: bytes) -> None:
         """Put an actor back as a snapshot had it (recovery): no version, it is the floor."""
         self.values[ref] = value
+        self._index = None
         if self.digests is not None:
             self.digests[partition].replace(ref, None, value)
 
@@ -129,6 +136,20 @@ class StateStore:
                 keep = [v for v in versions if v[0] > epoch]
                 self._versions[ref] = [(epoch, self.value_at(ref, epoch)), *keep]
         self.floor = epoch
+        self._index = None  # actors deleted before the floor leave the index
+
+    def keys_from(self, actor_type: str, lo: ActorKey | None) -> tuple[list[ActorKey], int]:
+        """The sorted keys of ``actor_type`` that exist now or did since the floor, and the
+        index of the first one at or after ``lo`` (None: the first)."""
+        if self._index is None:
+            index: dict[str, list[ActorKey]] = {}
+            for ref in {*self.values, *self._versions}:
+                index.setdefault(ref.actor_type, []).append(ref.key)
+            for keys in index.values():
+                keys.sort()
+            self._index = index
+        keys = self._index.get(actor_type, [])
+        return keys, 0 if lo is None else bisect.bisect_left(keys, lo)
 
     def items(self) -> Iterator[tuple[KeyRef, bytes]]:
         return iter(self.values.items())

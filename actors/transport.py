@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
 
+from epochal.actors.framing import LENGTH, framed, split_address
 from epochal.actors.outcome import Emitted
 from epochal.errors import EpochalError
 from epochal.schemas.commands import ActorKey
@@ -38,7 +38,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-_LENGTH = struct.Struct(">I")
 
 
 class TransportError(EpochalError):
@@ -105,11 +104,6 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Frame)
 
 
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host or "127.0.0.1", int(port)
-
-
 @dataclass
 class Peers:
     """This worker's server and its connections to every other worker.
@@ -146,7 +140,7 @@ class Peers:
 
     async def start(self) -> None:
         self.failed = asyncio.get_running_loop().create_future()
-        host, port = _split(self.addresses[self.worker])
+        host, port = split_address(self.addresses[self.worker])
         self._server = await asyncio.start_server(self._serve, host, port)
         for other, address in enumerate(self.addresses):
             if other != self.worker:
@@ -161,7 +155,7 @@ class Peers:
         deadline = time.monotonic() + self.connect_timeout_s
         while True:
             try:
-                _, writer = await asyncio.open_connection(*_split(address))
+                _, writer = await asyncio.open_connection(*split_address(address))
                 return writer
             except OSError as exc:
                 if time.monotonic() > deadline:
@@ -281,12 +275,11 @@ _HELLO_BYTES = 1024  # the most a connection may send before it said Hello
 
 
 def _framed(frame: Frame) -> bytes:
-    payload = _encoder.encode(frame)
-    return _LENGTH.pack(len(payload)) + payload
+    return framed(_encoder.encode(frame))
 
 
 async def _read(reader: asyncio.StreamReader, limit: int | None = None) -> Frame:
-    (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    (length,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
     if limit is not None and length > limit:
         raise TransportError("frame too large", length=length, limit=limit)
     frame: Frame = _decoder.decode(await reader.readexactly(length))

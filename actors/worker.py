@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from epochal.actors.egress import MAX_PENDING_EGRESS, egress_records
 from epochal.actors.engine import Engine, EpochResult
 from epochal.actors.outcome import Emitted
 from epochal.actors.plan import ensure_same_code
+from epochal.actors.query_server import QueryServer
 from epochal.actors.snapshots import (
     SnapshotCommitter,
     Snapshots,
@@ -151,8 +153,8 @@ class Worker:
             peers = Peers(config.worker, list(config.peers), config.generation,
                           failure_timeout_s=config.failure_timeout_ms / 1000)  # fmt: skip
         engine = Engine(self.app, config.partitions, config.worker, config.workers, peers,
-                        track_digest=config.track_digest,
-                        snapshots=self.snapshots is not None)  # fmt: skip
+                        track_digest=config.track_digest, snapshots=self.snapshots is not None,
+                        queries=bool(config.query))  # fmt: skip
         started = time.perf_counter()
         resumed = await self._resume(engine)
         if peers is not None:
@@ -161,10 +163,10 @@ class Worker:
         taking = _Snapshotting(self, engine, peers, writers) if self.snapshots is not None else None
         if peers is not None:
             await peers.start()
+        queries = await self._serve_queries(engine)
         progress = _Progress.after(resumed)
-        loop = asyncio.get_running_loop()
         poller, head = await self._epochs_from(progress, writers, resumed)
-        recovery = _Recovery(self, progress.next, head, started, resumed)
+        recovery = _Recovery(self, progress.next, head, started, resumed, queries=queries)
         ticker = _InteriorTicker(self.clients, self.app, config)
         logger.info("worker started worker=%d partitions=%s generation=%d from_epoch=%d",
                     config.worker, list(engine.partitions), config.generation,
@@ -185,12 +187,21 @@ class Worker:
         finally:
             poller.close()
             ticker.close()
-            if taking is not None:
-                await loop.run_in_executor(None, taking.close)
-            for writer in writers.values():
-                writer.close()
-            if peers is not None:
-                await peers.close()
+            await _close(taking, writers, peers, queries)
+
+    async def _serve_queries(self, engine: Engine) -> QueryServer | None:
+        """Start this worker's live query server, if the cluster serves queries."""
+        config = self.config
+        if not config.query:
+            return None
+        tls = None
+        if config.query_tls:
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.load_cert_chain(*config.query_tls)
+        server = QueryServer(engine, list(config.query), config.generation,
+                             token=config.query_token, tls=tls, metrics=self.metrics)  # fmt: skip
+        await server.start()
+        return server
 
     @staticmethod
     async def _poll(
@@ -352,6 +363,21 @@ class Worker:
                     writer.add(topic, value)
 
 
+async def _close(
+    taking: _Snapshotting | None, writers: dict[PartitionId, EgressWriter], peers: Peers | None,
+    queries: QueryServer | None,
+) -> None:  # fmt: skip
+    """Stop what a worker started, its query server first."""
+    if queries is not None:
+        await queries.close()
+    if taking is not None:
+        await asyncio.get_running_loop().run_in_executor(None, taking.close)
+    for writer in writers.values():
+        writer.close()
+    if peers is not None:
+        await peers.close()
+
+
 def _commit_all(writers: dict[PartitionId, EgressWriter], next_position: int) -> None:
     for writer in writers.values():
         writer.commit(next_position)
@@ -383,9 +409,11 @@ class _Recovery:
     start (or the log goes idle): how much is left, and how long catching up took."""
 
     def __init__(
-        self, worker: Worker, start: int, head: int, started: float, resumed: Manifest | None
-    ) -> None:
+        self, worker: Worker, start: int, head: int, started: float, resumed: Manifest | None,
+        *, queries: QueryServer | None = None,
+    ) -> None:  # fmt: skip
         self.metrics = worker.metrics
+        self.queries = queries  # answers once caught up
         self.worker = worker.config.worker
         self.start = start
         self.head = head  # the log's end at the start: a transaction marker follows the last epoch
@@ -410,6 +438,8 @@ class _Recovery:
                             next_position - self.start, self.head - 1 - self.start)  # fmt: skip
             return
         self.done = True
+        if self.queries is not None:
+            self.queries.ready = True
         seconds = time.perf_counter() - self.started
         self.metrics.set("epochal_recovery_seconds", seconds)
         self.metrics.set("epochal_recovery_remaining_records", 0)
@@ -474,10 +504,11 @@ class _InteriorTicker:
 
 
 class _Snapshotting:
-    """This worker's side of snapshots: hand each cut to the writer thread; on worker 0, also
-    collect every worker's part and commit (others send theirs over TCP), keeping the epochs
-    since the last snapshot for the ``commands`` archive. In weak mode, egress is held here
-    until the snapshot that covers it commits, then released."""
+    """This worker's side of snapshots: hand each cut to the writer thread, with what this
+    worker's transactions did since the last one (their outcomes, for the ``commands`` archive);
+    on worker 0, also collect every worker's part and commit (others send theirs over TCP),
+    keeping the epochs since the last snapshot for the ``commands`` archive. In weak mode,
+    egress is held here until the snapshot that covers it commits, then released."""
 
     def __init__(
         self,
@@ -524,6 +555,7 @@ class _Snapshotting:
         self.last_epoch = record.epoch
         commands, self._epochs = self._epochs, []
         outbox, self._held = self._held, []
+        reported = self.engine.take_reported()
         if self.worker.weak:
             self._holding[record.epoch] = outbox
         if self.committer is not None:
@@ -531,9 +563,11 @@ class _Snapshotting:
             def head(part: SnapshotPart) -> SnapshotPart:
                 return with_log_position(part, record, position, carried)
 
-            self.taker.take(record.epoch, changes, head, commands=commands, outbox=outbox)
+            self.taker.take(record.epoch, changes, head, commands=commands, outbox=outbox,
+                            reported=reported)  # fmt: skip
         else:
-            self.taker.take(record.epoch, changes, lambda part: part, outbox=outbox)
+            self.taker.take(record.epoch, changes, lambda part: part, outbox=outbox,
+                            reported=reported)  # fmt: skip
 
     def _written(self, part: SnapshotPart, seconds: float) -> None:
         self.metrics.inc("epochal_snapshot_write_seconds_sum", seconds)

@@ -135,6 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     if weak and args.no_snapshots:
         raise ConfigError("--recovery weak needs snapshots: they release its egress")
     feed = (args.feed or f"127.0.0.1:{args.port_base + workers}") if weak else ""
+    query = _query_endpoints(args, workers)
     app_name = args.name or load_app(args.app).name
     config = ClusterConfig(
         app_spec=args.app,
@@ -152,6 +153,8 @@ def _run(args: argparse.Namespace) -> int:
         worker=WorkerConfig(
             app_name, workers=workers, partitions=partitions, peers=peers,
             metrics_port=args.metrics_port, allow_code_change=args.allow_code_change, feed=feed,
+            query=query, query_token=args.query_token,
+            query_tls=(args.query_tls_cert, args.query_tls_key) if args.query_tls_cert else (),
         ),
         input_partitions=args.input_partitions,
         run_dir=Path(args.run_dir),
@@ -167,6 +170,25 @@ def _run(args: argparse.Namespace) -> int:
         f"Kafka at {args.bootstrap} (Ctrl-C or SIGTERM stops)"
     )
     return Supervisor(config).run()
+
+
+def _query_endpoints(args: argparse.Namespace, workers: int) -> tuple[str, ...]:
+    """Each worker's live query address (none with ``--query-port 0``), checked."""
+    from epochal.actors.query_server import check_binding
+
+    if args.query:
+        query = tuple(args.query.split(","))
+    elif args.query_port:
+        query = tuple(f"{args.query_host}:{args.query_port + w}" for w in range(workers))
+    else:
+        return ()
+    if len(query) != workers:
+        raise ConfigError(f"--query names {len(query)} workers, --workers says {workers}")
+    if bool(args.query_tls_cert) != bool(args.query_tls_key):
+        raise ConfigError("TLS for queries needs both --query-tls-cert and --query-tls-key")
+    for address in query:
+        check_binding(address, args.query_token)
+    return query
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -358,6 +380,25 @@ def _run_flags(run: argparse.ArgumentParser) -> None:
                      help="retention of input and requests topics (-1: forever)")  # fmt: skip
     run.add_argument("--metrics-port", type=int, default=0,
                      help="Prometheus: worker w on port+w, then sequencer (0: off)")  # fmt: skip
+    run.add_argument(
+        "--query-port",
+        type=int,
+        default=7700,
+        help="live queries: worker w listens on this port + w (0: no queries)",
+    )
+    run.add_argument(
+        "--query-host",
+        default="127.0.0.1",
+        help="the address query servers bind (beyond 127.0.0.1 needs a token)",
+    )
+    run.add_argument("--query", help="host:port of every worker's query server, comma-separated")
+    run.add_argument(
+        "--query-token",
+        default=os.environ.get("EPOCHAL_QUERY_TOKEN", ""),
+        help="the token query clients must present (default $EPOCHAL_QUERY_TOKEN)",
+    )
+    run.add_argument("--query-tls-cert", help="serve queries over TLS with this certificate")
+    run.add_argument("--query-tls-key", help="... and this private key")
     run.add_argument("--run-dir", default=".epochal/run", help="where pids and status go")
     run.add_argument("--failure-timeout-ms", type=int, default=6000,
                      help="a process or peer silent this long has failed (the broker's "

@@ -234,7 +234,9 @@ class WorkerConfig:
     the run this worker belongs to in the cluster's group (empty: the worker joins no group); a
     peer or the worker's own loop silent for ``failure_timeout_ms`` is a failure (see
     :class:`FailureConfig`). ``feed`` (weak recovery) is the sequencer's ``host:port`` that sends
-    the epochs; empty: the worker reads the command log.
+    the epochs; empty: the worker reads the command log. ``query[w]`` is worker w's query server
+    address (empty: no live queries); ``query_token`` the token clients must present (required
+    beyond 127.0.0.1); ``query_tls`` a certificate and key file to serve queries over TLS.
     """
 
     app: str
@@ -253,6 +255,9 @@ class WorkerConfig:
     run_id: str = ""
     failure_timeout_ms: int = 6000
     feed: str = ""
+    query: tuple[str, ...] = ()
+    query_token: str = field(default="", repr=False)
+    query_tls: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

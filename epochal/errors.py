@@ -15,8 +15,10 @@ Users catch these, never a library's exception type: ``log/`` translates conflue
     │   ├── SnapshotMissingError
     │   └── LogTruncatedError
     ├── SchemaError                 a record does not decode or does not match its schema
-    └── QueryError
-        └── SnapshotNotRetainedError  a snapshot read at an ssid expired or never taken
+    └── QueryError                  a query was wrong (unknown actor type, key type, operator)
+        ├── SnapshotNotRetainedError  a snapshot read at an ssid expired or never taken
+        ├── QueryUnavailableError   no query server answered (retried until the timeout)
+        └── QueryTimeoutError       no answer within the call's timeout
 
 Every error carries its context (topic, partition, offset, epoch, actor key, ...) as keyword
 arguments and prints it after the message, so a log line says where things went wrong.
@@ -36,6 +38,8 @@ __all__ = [
     "LogError",
     "LogTruncatedError",
     "QueryError",
+    "QueryTimeoutError",
+    "QueryUnavailableError",
     "RecoveryError",
     "SchemaError",
     "SnapshotMissingError",
@@ -107,6 +111,14 @@ class QueryError(EpochalError):
 class SnapshotNotRetainedError(QueryError):
     """A read at a snapshot the manifest does not hold (expired, or never taken); the context
     names the ssid asked for and the retained range (``oldest``, ``newest``)."""
+
+
+class QueryUnavailableError(QueryError):
+    """No query server of the cluster answered (down, or the address is wrong)."""
+
+
+class QueryTimeoutError(QueryError):
+    """A query or a client transaction got no answer within its timeout."""
 
 
 def describe_exception(exc: BaseException) -> str:

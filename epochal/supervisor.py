@@ -316,6 +316,7 @@ class Supervisor:
             self.config.input_partitions
         )
         clients.create_topics([app.topics.egress(name) for name in egress])
+        clients.create_topics([app.topics.replies], partitions=1)  # client transactions' outcomes
         from rich.progress import Progress
 
         end = clients.end_offset(app.topics.command_log)

@@ -28,6 +28,11 @@ class TopicNames:
         return f"{self.app}.requests"
 
     @property
+    def replies(self) -> str:
+        """The outcomes of client transactions, for the client library (``ClientReply``)."""
+        return f"{self.app}.replies"
+
+    @property
     def command_log(self) -> str:
         return f"{self.app}.cmd"
 

@@ -6,7 +6,7 @@ import msgspec
 
 from epochal.schemas.commands import InputPosition
 
-__all__ = ["EgressLayout", "EgressPosition", "EgressRecord"]
+__all__ = ["ClientReply", "EgressLayout", "EgressPosition", "EgressRecord"]
 
 
 class EgressRecord(msgspec.Struct, frozen=True):
@@ -27,6 +27,20 @@ class EgressRecord(msgspec.Struct, frozen=True):
     reason: str = ""
     source: InputPosition | None = None
     request_id: str = ""
+
+
+class ClientReply(msgspec.Struct, frozen=True):
+    """The outcome of one client transaction, on ``<app>.replies`` (exactly once, like egress):
+    committed at ``(epoch, seq)`` with the msgpack of what its handler returned, or aborted with
+    the reason. The client library matches it to the request by ``request_id``."""
+
+    request_id: str
+    epoch: int
+    seq: int
+    handler: str
+    committed: bool
+    reason: str = ""
+    result: bytes = b""
 
 
 class EgressPosition(msgspec.Struct, frozen=True):

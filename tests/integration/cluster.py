@@ -84,7 +84,8 @@ class Cluster:
         With ``metrics_port`` P, worker w serves metrics on P+w and the sequencer on P+workers.
         Snapshots go to ``<run_dir>/warehouse`` every ``snapshot_ms`` (0: none).
         """
-        port_base = free_ports(workers + 1)  # and the sequencer's feed, in weak mode
+        port_base = free_ports(2 * workers + 1)  # peers, the feed (weak mode), query servers
+        self.query_base = port_base + workers + 1
         self.metrics_port = metrics_port
         command = [
             EPOCHAL, "run", "tests.unit.actors.workload:app", "--name", self.name,
@@ -95,6 +96,7 @@ class Cluster:
             "--startup-timeout-ms", "20000", "--warehouse", str(self.warehouse),
             *(["--snapshot-interval-ms", str(snapshot_ms)] if snapshot_ms else ["--no-snapshots"]),
             "--keep-snapshots", "0",  # keep the whole logs: the oracle checks read from offset 0
+            "--query-port", str(self.query_base),
             *extra,
         ]  # fmt: skip
         log = open(self.run_dir / f"run-{len(self.processes)}.log", "wb")  # noqa: SIM115
@@ -186,11 +188,31 @@ class Cluster:
         return DeltaSnapshots(app_named(self.name), SnapshotConfig(str(self.warehouse)), 4)
 
     def check_snapshots_against_the_oracle(self) -> list[Manifest]:
-        """Every snapshot kept equals the serial oracle at its epoch (the whole log needed)."""
-        manifests = self.snapshots().manifests()
-        expected = {r.epoch: r.digest for r in SerialOracle(app).run(self.epochs())}
+        """Every snapshot kept equals the serial oracle at its epoch (the whole log needed), and
+        the ``commands`` archive holds every transaction up to the latest once, interior ones
+        included, with the oracle's outcome."""
+        snapshots = self.snapshots()
+        manifests = snapshots.manifests()
+        results = SerialOracle(app).run(self.epochs())
+        expected = {r.epoch: r.digest for r in results}
         assert manifests, "no snapshot was taken"
         assert all(m.digest == expected[m.epoch] for m in manifests)
+        latest = manifests[-1]
+        rows = snapshots._table(
+            snapshots.warehouse.log("commands"), latest.log_versions["commands"]
+        ).to_pyarrow_table(columns=["epoch", "seq", "origin", "committed", "reason"])
+        archived = [
+            ((r["epoch"], r["seq"]), (r["committed"], r["reason"]))
+            for r in rows.to_pylist()
+            if r["origin"]  # not an empty epoch's row
+        ]
+        assert len(archived) == len(dict(archived)), "a transaction archived twice"
+        assert dict(archived) == {
+            (o.epoch, o.seq): (o.committed, o.reason)
+            for r in results
+            if r.epoch <= latest.epoch
+            for o in r.outcomes
+        }
         return manifests
 
     def epochs(self) -> list[EpochRecord]:
