@@ -591,9 +591,7 @@ class QueryClient:
         if self._snapshot_reader is None:
             if self.snapshot_config is None:
                 raise QueryError("SNAPSHOT reads need the warehouse: pass snapshots=SnapshotConfig")
-            from epochal.recovery.snapshot_reads import (  # type: ignore[import-not-found,unused-ignore]
-                SnapshotReader,
-            )
+            from epochal.recovery.snapshot_reads import SnapshotReader
 
             self._snapshot_reader = SnapshotReader(self.snapshot_config, self.app.name)
         return self._snapshot_reader
