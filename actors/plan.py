@@ -19,7 +19,15 @@ from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.errors import RecoveryError
 from epochal.schemas.commands import EpochRecord, InputPosition, KeyRef, Origin
 
-__all__ = ["Emitted", "EpochClock", "Invocation", "emitted_by", "ensure_same_code", "plan_epoch"]
+__all__ = [
+    "Emitted",
+    "EpochClock",
+    "Invocation",
+    "emitted_by",
+    "ensure_same_code",
+    "interior_seqs",
+    "plan_epoch",
+]
 
 
 @dataclass(frozen=True)
@@ -68,15 +76,21 @@ def _decoded(handler: Handler, data: bytes) -> tuple[object, str]:
         return None, f"event no longer decodes as {handler.event.__name__}: {exc}"
 
 
-def _interior(app: App, epoch: int, carried: list[Emitted]) -> list[Invocation]:
+def interior_seqs(carried: Iterable[Emitted]) -> list[tuple[int, Emitted]]:
+    """The interior transactions an epoch starts with, each with its seq: (parent timestamp,
+    emit index) order, seqs -k..-1."""
     ordered = sorted(carried, key=lambda e: (e.epoch, e.seq, e.index))
+    return [(i - len(ordered), emitted) for i, emitted in enumerate(ordered)]
+
+
+def _interior(app: App, epoch: int, carried: list[Emitted]) -> list[Invocation]:
     out = []
-    for i, emitted in enumerate(ordered):
+    for seq, emitted in interior_seqs(carried):
         handler = app.handlers[emitted.handler]
         event, error = _decoded(handler, emitted.event)
         out.append(
             Invocation(
-                epoch, i - len(ordered), handler, event, emitted.keys, Origin.INTERIOR, error,
+                epoch, seq, handler, event, emitted.keys, Origin.INTERIOR, error,
                 emitted.source, emitted.request_id,
             )
         )  # fmt: skip

@@ -7,7 +7,9 @@ worker 0, whose :class:`SnapshotCommitter` commits the snapshot, on a thread of 
 every worker's part is in. Epochs go on meanwhile: a snapshot never stalls the loop.
 
 Where snapshots are stored is a :class:`Snapshots` (``recovery/`` keeps them in Delta Lake);
-the engine never needs to know.
+the engine never needs to know. With each part goes what the worker's transactions did since the
+last snapshot (:class:`Reported`), for the ``commands`` archive: each worker knows only the
+outcomes its partitions report, worker 0 only archives the epochs.
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ from typing import Protocol, TypeVar
 
 import msgspec
 
-from epochal.actors.outcome import Emitted
+from epochal.actors.outcome import Emitted, TxnOutcome
+from epochal.actors.plan import interior_seqs
 from epochal.actors.store import Change
 from epochal.schemas.canonical import encode_canonical
 from epochal.schemas.commands import ActorKey, EpochRecord
 from epochal.schemas.snapshots import Manifest, OutboxRow, SnapshotPart
 
 __all__ = [
+    "Reported",
     "Restored",
     "SnapshotCommitter",
     "SnapshotTaker",
@@ -49,6 +53,38 @@ class Restored:
     actors: dict[str, list[tuple[ActorKey, bytes]]]
 
 
+@dataclass(frozen=True, slots=True)
+class Reported:
+    """What the transactions one worker reported in one epoch did (taken on the event loop, so
+    kept small): their seqs in order, the reason of each that aborted, and the event each
+    interior one ran, as its parent emitted it (interior transactions are never logged, so the
+    archive has them from here). ``now_ms``, ``seed``, ``code_hash`` are the epoch's.
+    """
+
+    epoch: int
+    now_ms: int
+    seed: int
+    code_hash: str
+    seqs: list[int]
+    aborted: dict[int, str]
+    interior: dict[int, Emitted]
+
+    @classmethod
+    def of(
+        cls, record: EpochRecord, outcomes: Sequence[TxnOutcome], carried: Sequence[Emitted]
+    ) -> Reported:
+        """From an epoch's reported ``outcomes`` (in seq order) and the interior transactions
+        it started with (``carried``)."""
+        seqs = [o.seq for o in outcomes]
+        aborted = {o.seq: o.reason for o in outcomes if not o.committed}
+        interior: dict[int, Emitted] = {}
+        if carried and seqs and seqs[0] < 0:
+            emitted = dict(interior_seqs(carried))
+            interior = {seq: emitted[seq] for seq in seqs if seq < 0}
+        return cls(record.epoch, record.now_ms, record.seed, record.code_hash, seqs, aborted,
+                   interior)  # fmt: skip
+
+
 class Snapshots(Protocol):
     """Where an app's snapshots live."""
 
@@ -66,9 +102,11 @@ class Snapshots(Protocol):
         *,
         commands: Sequence[EpochRecord] = (),
         outbox: Sequence[OutboxRow] = (),
+        reported: Sequence[Reported] = (),
     ) -> SnapshotPart:
         """Store one worker's changes for snapshot ``ssid``, not yet visible (any thread), with
-        the epochs it closes (``commands``, worker 0) and the egress it holds (weak mode)."""
+        the epochs it closes (``commands``, worker 0), the egress it holds (weak mode) and what
+        its transactions did since the last snapshot (``reported``)."""
 
     def outbox(
         self, manifest: Manifest, partitions: Sequence[int], from_epoch: int
@@ -77,7 +115,8 @@ class Snapshots(Protocol):
         from epoch ``from_epoch`` on, in order."""
 
     def commit(self, parts: Sequence[SnapshotPart], epoch: int) -> Manifest:
-        """Make snapshot ``epoch`` visible from every worker's part, idempotently (one thread)."""
+        """Make snapshot ``epoch`` visible from every worker's part, idempotently (one thread),
+        the archived epochs with the outcomes the parts report."""
 
     def retain(self, latest: Manifest) -> None:
         """After ``latest`` was committed: forget snapshots no longer kept, and the records of
@@ -157,14 +196,15 @@ class SnapshotTaker:
         *,
         commands: Sequence[EpochRecord] = (),
         outbox: Sequence[OutboxRow] = (),
+        reported: Sequence[Reported] = (),
     ) -> None:
-        """Write ``changes`` (and the log rows) off the loop; ``head`` adds what worker 0 says of
-        the log."""
+        """Write ``changes`` (and the log rows, and the outcomes) off the loop; ``head`` adds
+        what worker 0 says of the log."""
 
         def work() -> tuple[SnapshotPart, float]:
             started = time.perf_counter()
             written = self.snapshots.write(ssid, self.worker, changes, commands=commands,
-                                           outbox=outbox)  # fmt: skip
+                                           outbox=outbox, reported=reported)  # fmt: skip
             part = head(written)
             return part, time.perf_counter() - started
 

@@ -2,7 +2,11 @@
 
 - ``<app>/commands``: the command log archived, one row per transaction of every epoch since the
   previous snapshot, so history outlives Kafka retention (and the query issue's ``commands``
-  view reads it): handler, the event as canonical bytes and as JSON, keys, where it came from.
+  view reads it): handler, the event as canonical bytes and as JSON, keys, where it came from,
+  and its outcome. The interior transactions that ran have rows too, from the events their
+  parents emitted (they are never logged). Rows are written without outcomes by whoever
+  archives the epochs (worker 0); each worker knows only the outcomes its partitions report, so
+  the committer joins every worker's onto them (:func:`with_outcomes`) before the commit.
 - ``<app>/outbox``: in weak mode, the egress of the epochs a snapshot covers. It is released
   only once the snapshot commits; a worker that finds a committed snapshot whose egress its
   partition had not yet released (a crash between the two) releases it from here.
@@ -14,13 +18,26 @@ from collections.abc import Sequence
 
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from epochal.actors.api import App
+from epochal.actors.snapshots import Reported
+from epochal.errors import RecoveryError
 from epochal.schemas.canonical import decode_canonical, encode_canonical
-from epochal.schemas.commands import CommandTxn, EpochRecord
-from epochal.schemas.snapshots import OutboxRow
+from epochal.schemas.commands import CommandTxn, EpochRecord, KeyRef
+from epochal.schemas.snapshots import OutboxRow, Outcomes
 
-__all__ = ["COMMANDS_SCHEMA", "OUTBOX_SCHEMA", "commands_table", "epochs_of", "outbox_table"]
+__all__ = [
+    "COMMANDS_SCHEMA",
+    "OUTBOX_SCHEMA",
+    "commands_table",
+    "epochs_of",
+    "interior_table",
+    "outbox_table",
+    "outcomes_of",
+    "outcomes_table",
+    "with_outcomes",
+]
 
 COMMANDS_SCHEMA = pa.schema([
     pa.field("ssid", pa.int64(), nullable=False),
@@ -38,6 +55,20 @@ COMMANDS_SCHEMA = pa.schema([
     pa.field("code_hash", pa.string(), nullable=False),
     pa.field("seed", pa.int64(), nullable=False),
     pa.field("txn", pa.binary()),
+    pa.field("committed", pa.bool_()),
+    pa.field("reason", pa.string()),
+    pa.field("parent_epoch", pa.int64()),
+    pa.field("parent_seq", pa.int64()),
+])  # fmt: skip
+"""``committed``/``reason`` (added later: null in rows archived before) are null only on the
+``seq`` -1 row of an epoch without logged transactions; ``parent_epoch``/``parent_seq`` are the
+timestamp of the transaction that emitted an interior one (null for logged ones)."""
+
+_OUTCOMES_SCHEMA = pa.schema([
+    pa.field("epoch", pa.int64()),
+    pa.field("seq", pa.int64()),
+    pa.field("committed", pa.bool_()),
+    pa.field("reason", pa.string()),
 ])  # fmt: skip
 
 OUTBOX_SCHEMA = pa.schema([
@@ -62,12 +93,17 @@ def _event_json(app: App, handler: str, event: bytes) -> str | None:
         return None
 
 
+def _keys(keys: Sequence[KeyRef]) -> list[str]:
+    return [f"{k.actor_type}:{k.key!r}" for k in keys]
+
+
 def commands_table(app: App, ssid: int, records: Sequence[EpochRecord]) -> pa.Table:
-    """Rows of every transaction of ``records`` (the epochs snapshot ``ssid`` closes); an epoch
-    without logged transactions gets one row with ``seq`` -1 (interior transactions, which are
-    derived and never logged, may run in it). ``txn`` is the transaction as the log holds it (its
-    event's canonical bytes included), so
-    :func:`epochs_of` gives back the epochs for replay."""
+    """Rows of every transaction of ``records`` (the epochs snapshot ``ssid`` closes), their
+    outcomes still null (:func:`with_outcomes`); an epoch without logged transactions gets one
+    row with ``seq`` -1 and ``origin`` "" (interior transactions, which are never logged, may
+    run in it: they have rows of their own, :func:`interior_table`). ``txn`` is the transaction
+    as the log holds it (its event's canonical bytes included), so :func:`epochs_of` gives back
+    the epochs for replay."""
     empty: list[dict[str, object]] = [
         {"ssid": ssid, "epoch": r.epoch, "time": r.now_ms, "seq": -1, "handler": "",
          "keys": [], "origin": "", "code_hash": r.code_hash, "seed": r.seed, "txn": None}
@@ -78,7 +114,7 @@ def commands_table(app: App, ssid: int, records: Sequence[EpochRecord]) -> pa.Ta
         {
             "ssid": ssid, "epoch": r.epoch, "time": r.now_ms, "seq": t.seq, "handler": t.handler,
             "event_json": _event_json(app, t.handler, t.event),
-            "keys": [f"{k.actor_type}:{k.key!r}" for k in t.keys], "origin": t.origin.name.lower(),
+            "keys": _keys(t.keys), "origin": t.origin.name.lower(),
             "source_topic": t.source.topic if t.source else None,
             "source_partition": t.source.partition if t.source else None,
             "source_offset": t.source.offset if t.source else None,
@@ -91,8 +127,102 @@ def commands_table(app: App, ssid: int, records: Sequence[EpochRecord]) -> pa.Ta
     return pa.Table.from_pylist(rows + empty, schema=COMMANDS_SCHEMA)
 
 
+def interior_table(app: App, ssid: int, reported: Sequence[Reported]) -> pa.Table:
+    """Rows of the interior transactions one worker reported (with their outcomes: the worker
+    knows them): at their own timestamp, ``(epoch, seq < 0)``, with the epoch's time and seed,
+    the event their parent emitted and the parent's timestamp; ``txn`` null (never logged)."""
+    rows = [
+        {
+            "ssid": ssid, "epoch": r.epoch, "time": r.now_ms, "seq": seq, "handler": e.handler,
+            "event_json": _event_json(app, e.handler, e.event), "keys": _keys(e.keys),
+            "origin": "interior", "source_topic": e.source.topic if e.source else None,
+            "source_partition": e.source.partition if e.source else None,
+            "source_offset": e.source.offset if e.source else None,
+            "request_id": e.request_id or None, "code_hash": r.code_hash, "seed": r.seed,
+            "txn": None, "committed": seq not in r.aborted, "reason": r.aborted.get(seq, ""),
+            "parent_epoch": e.epoch, "parent_seq": e.seq,
+        }
+        for r in reported
+        for seq, e in sorted(r.interior.items())
+    ]  # fmt: skip
+    return pa.Table.from_pylist(rows, schema=COMMANDS_SCHEMA)
+
+
+def outcomes_of(reported: Sequence[Reported]) -> Outcomes:
+    """The outcomes in ``reported``, as a part ships them."""
+    epoch: list[int] = []
+    seq: list[int] = []
+    committed: list[bool] = []
+    reason: list[str] = []
+    for r in reported:
+        epoch += [r.epoch] * len(r.seqs)
+        seq += r.seqs
+        committed += [s not in r.aborted for s in r.seqs]
+        reason += [r.aborted.get(s, "") for s in r.seqs]
+    return Outcomes(epoch, seq, committed, reason)
+
+
+def outcomes_table(outcomes: Sequence[Outcomes]) -> pa.Table:
+    """Several workers' outcomes as one table to join on ``(epoch, seq)``."""
+    return pa.table(
+        [
+            pa.array([v for o in outcomes for v in o.epoch], pa.int64()),
+            pa.array([v for o in outcomes for v in o.seq], pa.int64()),
+            pa.array([v for o in outcomes for v in o.committed], pa.bool_()),
+            pa.array([v for o in outcomes for v in o.reason], pa.string()),
+        ],
+        schema=_OUTCOMES_SCHEMA,
+    )
+
+
+def _conformed(commands: pa.Table) -> pa.Table:
+    """``commands`` with every column of :data:`COMMANDS_SCHEMA` (those it lacks, rows archived
+    before they existed, as nulls), in its order."""
+    columns = [
+        commands[f.name] if f.name in commands.column_names else pa.nulls(len(commands), f.type)
+        for f in COMMANDS_SCHEMA
+    ]
+    return pa.table(columns, schema=COMMANDS_SCHEMA)
+
+
+def with_outcomes(commands: pa.Table, outcomes: pa.Table) -> tuple[pa.Table, int] | None:
+    """``commands`` rows with ``committed``/``reason`` filled from ``outcomes`` (an
+    :func:`outcomes_table`) on ``(epoch, seq)``, where still null, but never on an empty epoch's
+    ``seq`` -1 row; and how many transaction rows found no outcome. None if no row found one.
+    Vectorized (Arrow's join): no Python per row."""
+    commands = _conformed(commands)
+    rows = commands.num_rows
+    open_ = pc.and_(pc.not_equal(commands["origin"], ""), pc.is_null(commands["committed"]))
+    if not rows or not pc.any(open_).as_py():
+        return None
+    keys = pa.table({
+        "epoch": commands["epoch"],
+        "seq": pc.if_else(open_, commands["seq"], pa.scalar(None, pa.int64())),
+        "_row": pa.array(range(rows), pa.int64()),
+    })  # fmt: skip
+    joined = keys.join(outcomes, keys=["epoch", "seq"], join_type="left outer")
+    if joined.num_rows != rows:
+        raise RecoveryError("a transaction was reported with several outcomes", rows=rows,
+                            joined=joined.num_rows)  # fmt: skip
+    joined = joined.sort_by("_row")
+    found = joined["committed"]
+    if found.null_count == rows:
+        return None
+    missing = pc.sum(pc.and_(open_, pc.is_null(found))).as_py() or 0
+    index = COMMANDS_SCHEMA.get_field_index
+    commands = commands.set_column(
+        index("committed"), COMMANDS_SCHEMA.field("committed"),
+        pc.coalesce(commands["committed"], found),
+    ).set_column(
+        index("reason"), COMMANDS_SCHEMA.field("reason"),
+        pc.coalesce(commands["reason"], joined["reason"]),
+    )  # fmt: skip
+    return commands, missing
+
+
 def epochs_of(commands: pa.Table) -> list[EpochRecord]:
-    """The epochs archived in ``commands`` rows, in order (for replay and checks)."""
+    """The epochs archived in ``commands`` rows, in order (for replay and checks): the logged
+    transactions (interior ones, with no ``txn``, are derived again by replay)."""
     by_epoch: dict[int, tuple[int, int, str, list[CommandTxn]]] = {}
     for row in commands.sort_by([("epoch", "ascending"), ("seq", "ascending")]).to_pylist():
         now_ms = round(row["time"].timestamp() * 1000)

@@ -8,6 +8,7 @@ Tables under ``<warehouse>/<app>/`` (DESIGN §5), columns from the actor schemas
 - ``changes/<actor_type>``: append-only change rows (``_ssid``, ``_epoch``, ``_key``,
   ``_deleted``, the value);
 - ``commands`` and ``outbox``: append-only log tables (:mod:`epochal.recovery.log_tables`);
+  the committer joins the outcomes every worker reports onto the archived epochs;
 - ``snapshots``: the manifest, a row per complete snapshot, appended **last**.
 
 The work is split so that no epoch waits for Delta: each worker writes its changed actors as
@@ -34,13 +35,13 @@ import msgspec
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable, Field, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from epochal.actors.api import App
 from epochal.actors.digest import DigestSum
-from epochal.actors.snapshots import Restored
+from epochal.actors.snapshots import Reported, Restored
 from epochal.actors.store import Change
 from epochal.config import SnapshotConfig
 from epochal.errors import RecoveryError
@@ -49,11 +50,22 @@ from epochal.recovery.log_tables import (
     COMMANDS_SCHEMA,
     OUTBOX_SCHEMA,
     commands_table,
+    interior_table,
     outbox_table,
+    outcomes_of,
+    outcomes_table,
+    with_outcomes,
 )
 from epochal.schemas.arrow import RowLayout
 from epochal.schemas.commands import ActorKey, EpochRecord
-from epochal.schemas.snapshots import ChangeFile, LogFile, Manifest, OutboxRow, SnapshotPart
+from epochal.schemas.snapshots import (
+    ChangeFile,
+    LogFile,
+    Manifest,
+    OutboxRow,
+    Outcomes,
+    SnapshotPart,
+)
 
 __all__ = ["ACTOR_COLUMNS", "DeltaSnapshots", "Warehouse", "actor_rows", "read_manifests"]
 
@@ -169,6 +181,7 @@ class DeltaSnapshots:
             name: RowLayout.of(t.state, t.key_type) for name, t in app.actor_types.items()
         }
         self._code_hash = ""
+        self._unjoined: dict[str, pa.Table] = {}  # commands files written here, until committed
 
     # --- tables --------------------------------------------------------------------------
 
@@ -205,11 +218,14 @@ class DeltaSnapshots:
         *,
         commands: Sequence[EpochRecord] = (),
         outbox: Sequence[OutboxRow] = (),
+        reported: Sequence[Reported] = (),
     ) -> SnapshotPart:
         """Write ``changes`` (one worker's, at the end of epoch ``ssid``) as uncommitted Parquet
         files; the part says where they are and what they add to the digest. ``commands`` (worker
         0: the epochs since the last snapshot) and ``outbox`` (weak mode: the egress these epochs
-        hold back) go to the log tables the same way."""
+        hold back) go to the log tables the same way; so do the interior transactions in
+        ``reported`` (what this worker's transactions did since the last snapshot), whose
+        outcomes the part carries for the committer to join onto ``commands``."""
         by_type: dict[str, list[tuple[ActorKey, bytes | None]]] = {}
         delta = 0
         for change in changes:
@@ -220,13 +236,19 @@ class DeltaSnapshots:
             for name, rows in sorted(by_type.items())
         )
         logs = []
-        if commands:
-            logs.append(self._write_log("commands", commands_table(self.app, ssid, commands),
-                                        worker))  # fmt: skip
+        archive = [commands_table(self.app, ssid, commands)] if commands else []
+        if any(r.interior for r in reported):
+            archive.append(interior_table(self.app, ssid, reported))
+        if archive:
+            table = pa.concat_tables(archive)
+            logs.append(self._write_log("commands", table, worker))
+            if commands:  # its outcomes are joined at the commit: spare reading it back there
+                self._unjoined[logs[-1].path] = table
         if outbox:
             logs.append(self._write_log("outbox", outbox_table(ssid, outbox), worker))
+        outcomes = msgspec.msgpack.encode(outcomes_of(reported)) if reported else b""
         return SnapshotPart(ssid, worker, files, DigestSum(delta).hex(), len(changes),
-                            logs=tuple(logs))  # fmt: skip
+                            logs=tuple(logs), outcomes=outcomes)  # fmt: skip
 
     def _write_file(self, actor_type: str, table: pa.Table, worker: int) -> ChangeFile:
         name, size = self._write_parquet(self.warehouse.changes(actor_type), table, worker)
@@ -236,8 +258,10 @@ class DeltaSnapshots:
         name, size = self._write_parquet(self.warehouse.log(log_table), table, worker)
         return LogFile(log_table, name, size, table.num_rows)
 
-    def _write_parquet(self, root: str, table: pa.Table, worker: int) -> tuple[str, int]:
-        name = f"part-w{worker}-{uuid.uuid4().hex}.parquet"
+    def _write_parquet(
+        self, root: str, table: pa.Table, worker: int, name: str = ""
+    ) -> tuple[str, int]:
+        name = name or f"part-w{worker}-{uuid.uuid4().hex}.parquet"
         filesystem, path = pafs.FileSystem.from_uri(root)
         filesystem.create_dir(path, recursive=True)
         pq.write_table(table, f"{path}/{name}", filesystem=filesystem)
@@ -250,6 +274,8 @@ class DeltaSnapshots:
 
         Idempotent: a snapshot already in the manifest is left as it is.
         """
+        written = {f.path: self._unjoined.pop(f.path) for part in parts for f in part.logs
+                   if f.path in self._unjoined}  # fmt: skip
         manifests = self.manifests()
         done = next((m for m in manifests if m.ssid == epoch), None)
         if done is not None:
@@ -270,9 +296,12 @@ class DeltaSnapshots:
             state_versions[name], added = self._merge_state(name, type_files)
             actors[name] = actors.get(name, 0) + added
         log_versions = dict(previous.log_versions) if previous else {}
+        joined = self._join_outcomes(parts, epoch, written)
         for table, schema in _LOG_TABLES.items():
-            log_files = [f for part in parts for f in part.logs if f.table == table]
+            log_files = [joined.get(f.path, f) for part in parts for f in part.logs
+                         if f.table == table]  # fmt: skip
             if log_files:
+                self._evolve(self.warehouse.log(table), schema)
                 log_versions[table] = self._append(self.warehouse.log(table), log_files, schema)
         head = next(p for p in parts if p.worker == 0)
         digest = DigestSum(int(previous.digest, 16) if previous else 0)
@@ -285,7 +314,63 @@ class DeltaSnapshots:
         )  # fmt: skip
         write_deltalake(self.warehouse.manifest, _manifest_row(manifest), mode="append",
                         storage_options=self.warehouse.options)  # fmt: skip
+        self._delete_replaced(joined)
         return manifest
+
+    def _join_outcomes(
+        self, parts: Sequence[SnapshotPart], ssid: int, written: Mapping[str, pa.Table]
+    ) -> dict[str, LogFile]:
+        """The ``commands`` files of ``parts`` with the outcomes the parts report joined on, as
+        new files, by the path of the file each replaces (files that gain nothing stay).
+        ``written``: the tables of files written by this process, not to read back."""
+        reports = [msgspec.msgpack.decode(p.outcomes, type=Outcomes) for p in parts if p.outcomes]
+        if not reports:
+            return {}
+        outcomes = outcomes_table(reports)
+        root = self.warehouse.log("commands")
+        filesystem, path = pafs.FileSystem.from_uri(root)
+        joined: dict[str, LogFile] = {}
+        for part in parts:
+            for file in part.logs:
+                if file.table != "commands":
+                    continue
+                table = written.get(file.path)
+                if table is None:
+                    table = pq.read_table(f"{path}/{file.path}", filesystem=filesystem)
+                done = with_outcomes(table, outcomes)
+                if done is None:
+                    continue
+                table, missing = done
+                if missing:
+                    logger.warning("archived transactions without an outcome ssid=%d rows=%d "
+                                   "file=%s", ssid, missing, file.path)  # fmt: skip
+                name = file.path.removesuffix(".parquet") + "-outcomes.parquet"
+                _, size = self._write_parquet(root, table, part.worker, name)
+                joined[file.path] = LogFile("commands", name, size, table.num_rows)
+        return joined
+
+    def _delete_replaced(self, joined: Mapping[str, LogFile]) -> None:
+        """After the commit: the files the joined ones replaced are in no table version; delete
+        them (a crash before leaves them behind, never read)."""
+        if not joined:
+            return
+        filesystem, path = pafs.FileSystem.from_uri(self.warehouse.log("commands"))
+        for name in joined:
+            try:
+                filesystem.delete_file(f"{path}/{name}")
+            except OSError as exc:
+                logger.warning("an unjoined commands file stays behind file=%s: %s", name, exc)
+
+    def _evolve(self, uri: str, schema: pa.Schema) -> None:
+        """Add the columns of ``schema`` a table made by an older epochal lacks (rows written
+        before read them as null)."""
+        table = self._table(uri)
+        have = set(table.schema().to_arrow().names)
+        missing = [Field.from_arrow(f) for f in schema if f.name not in have]
+        if missing:
+            logger.info("table gains columns table=%s columns=%s", uri,
+                        [f.name for f in missing])  # fmt: skip
+            table.alter.add_columns(missing)
 
     def _put_back(self, previous: Manifest | None) -> None:
         """Undo what an unfinished commit left: every table back to the last manifest's version."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["ChangeFile", "LogFile", "Manifest", "OutboxRow", "SnapshotPart"]
+__all__ = ["ChangeFile", "LogFile", "Manifest", "OutboxRow", "Outcomes", "SnapshotPart"]
 
 
 class ChangeFile(msgspec.Struct, frozen=True, array_like=True):
@@ -42,12 +42,26 @@ class OutboxRow(msgspec.Struct, frozen=True, array_like=True):
     value: bytes
 
 
+class Outcomes(msgspec.Struct, frozen=True, array_like=True):
+    """What the transactions a worker reported since the last snapshot did, column by column:
+    the transaction at ``(epoch[i], seq[i])`` committed if ``committed[i]``, else aborted for
+    ``reason[i]`` ("" when committed). The committer joins them onto the ``commands`` archive.
+    """
+
+    epoch: list[int] = []
+    seq: list[int] = []
+    committed: list[bool] = []
+    reason: list[str] = []
+
+
 class SnapshotPart(msgspec.Struct, frozen=True):
     """One worker's share of snapshot ``ssid``: its change files and what they add to the digest.
 
     ``digest_delta`` is the change of the state digest its actors make, mod 2**256 (hex).
     Worker 0 also tells where the log stood: the command-log position after the epoch, the
     input positions, the epoch's time, and the interior transactions still to run.
+    ``outcomes`` is the msgpack of the :class:`Outcomes` this worker reported since the last
+    snapshot (bytes, so that worker 0's event loop does not decode them: its committer does).
     """
 
     ssid: int
@@ -60,6 +74,7 @@ class SnapshotPart(msgspec.Struct, frozen=True):
     input_positions: dict[str, int] = {}
     carried: bytes = b""
     logs: tuple[LogFile, ...] = ()
+    outcomes: bytes = b""
 
 
 class Manifest(msgspec.Struct, frozen=True):
