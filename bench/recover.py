@@ -148,6 +148,8 @@ def with_handler(base: App, name: str, fn: Callable[..., Any]) -> App:
         changed.actor(key=t.key_type, constraints=t.constraints, key_sample=t.key_sample,
                       name=t.name)(t.state)  # fmt: skip
     for h in base.handlers.values():
+        if h.name in changed.handlers:  # built in: every App has it (epochal.read)
+            continue
         register = changed.transaction(
             event=h.event, keys=h.keys, topic=h.topic, client=h.client, aborts_to=h.aborts_to,
             name=h.name,
