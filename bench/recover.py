@@ -250,7 +250,8 @@ def snapshot_log(
             result = await engine.run_epoch(record)
             since.append(record)
             if result.changes is not None:
-                part = snapshots.write(record.epoch, 0, result.changes, commands=since)
+                part = snapshots.write(record.epoch, 0, result.changes, commands=since,
+                                       reported=engine.take_reported())  # fmt: skip
                 since.clear()
                 part = with_log_position(part, record, position + 1, engine.carried)
                 manifests.append(snapshots.commit([part], record.epoch))

@@ -248,12 +248,11 @@ def _progress_server(
 @dataclass
 class _Read:
     """The log as read and grouped: its epochs (an RDD of ``(position, record msgpack)``),
-    what the driver keeps of each, the key groups, and the transactions without keys."""
+    what the driver keeps of each, and the key groups."""
 
     epochs: Any = None
     infos: list[EpochInfo] = field(default_factory=list)
     groups: list[tuple[list[KeyRef], int]] = field(default_factory=list)
-    keyless: int = 0
 
     @property
     def transactions(self) -> int:
@@ -366,9 +365,8 @@ class _Recovery:
         found = _spark_action("reading the command log",
                               lambda: epochs.mapPartitions(summarize(link)).collect())  # fmt: skip
         read, merged = _Read(epochs), KeyGroups()
-        for infos, groups, keyless in found:
+        for infos, groups in found:
             read.infos += infos
-            read.keyless += keyless
             for refs, weight in groups:
                 merged.link(refs, weight)
         read.infos.sort(key=lambda info: info.position)
@@ -442,8 +440,6 @@ class _Recovery:
             copied = self._copy_base(setup, files) if self.into is not None else None
             results: list[TaskResult] = []
             if read.infos:
-                if server is not None and not reason:
-                    server.add(read.keyless)  # replayed by skipping: they change no state
                 results = self._replay(read, task_of, tasks, setup, files)
         manifests = [copied] if copied else []
         manifests += self._commit({i.epoch: i for i in read.infos}, boundaries, results)

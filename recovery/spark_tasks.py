@@ -197,11 +197,10 @@ def assemble(rows: Iterable[Any]) -> Iterator[tuple[int, int, bytes]]:
 
 
 def summarize(link: bool) -> Callable[[Iterable[tuple[int, bytes]]], Iterator[Any]]:
-    """Per slice of epochs: an :class:`EpochInfo` of each, their key groups (if ``link``) and
-    the number of transactions without keys."""
+    """Per slice of epochs: an :class:`EpochInfo` of each and their key groups (if ``link``)."""
 
     def run(logged: Iterable[tuple[int, bytes]]) -> Iterator[Any]:
-        infos, groups, keyless = [], KeyGroups(), 0
+        infos, groups = [], KeyGroups()
         for position, data in logged:
             record = decode(data, EpochRecord)
             infos.append(EpochInfo(
@@ -209,11 +208,9 @@ def summarize(link: bool) -> Callable[[Iterable[tuple[int, bytes]]], Iterator[An
                 record.next_offsets, len(record.txns),
             ))  # fmt: skip
             for txn in record.txns if link else ():
-                if txn.keys:
+                if txn.keys:  # one without keys joins no group: it changes no state
                     groups.link(txn.keys)
-                else:
-                    keyless += 1
-        yield infos, groups.groups(), keyless
+        yield infos, groups.groups()
 
     return run
 
@@ -224,10 +221,12 @@ def summarize(link: bool) -> Callable[[Iterable[tuple[int, bytes]]], Iterator[An
 def route_log(
     setup: TaskSetup, task_of: Any
 ) -> Callable[[int, Iterable[tuple[int, bytes]]], Iterator[Any]]:
-    """Each epoch's transactions to the task of their group, as ``(task, (EPOCH, epoch, record
-    msgpack))``; every epoch whole to task 0 when ``task_of`` (a broadcast) is None. The slice's
-    epochs are archived in the ``commands`` table under the snapshot that closes them, as the
-    cluster's worker 0 does; those parts go to task 0 as ``(0, (ARCHIVE, part))``."""
+    """Each epoch's transactions to the task of their group (those without keys, which change
+    no state but have an outcome, to task 0), as ``(task, (EPOCH, epoch, record msgpack))``;
+    every epoch whole to task 0 when ``task_of`` (a broadcast) is None. The slice's epochs are
+    archived in the ``commands`` table under the snapshot that closes them, as the cluster's
+    worker 0 does (the tasks that replay them report their outcomes); those parts go to task 0
+    as ``(0, (ARCHIVE, part))``."""
 
     def run(index: int, logged: Iterable[tuple[int, bytes]]) -> Iterator[Any]:
         tasks = None if task_of is None else task_of.value
@@ -241,8 +240,7 @@ def route_log(
                 continue
             by_task: dict[int, list[Any]] = {}
             for txn in record.txns:
-                if txn.keys:  # a transaction without keys changes no state
-                    by_task.setdefault(tasks[txn.keys[0]], []).append(txn)
+                by_task.setdefault(tasks[txn.keys[0]] if txn.keys else 0, []).append(txn)
             for task, txns in by_task.items():
                 part = msgspec.structs.replace(record, txns=tuple(txns), next_offsets={})
                 yield task, (EPOCH, record.epoch, encode(part))
@@ -296,7 +294,8 @@ def copy_state(setup: TaskSetup, ssid: int) -> Callable[[int, Iterable[StateFile
 
 
 def replay_task(setup: TaskSetup) -> Callable[[int, Iterable[Any]], Iterator[TaskResult]]:
-    """One task: load its actors, replay its epochs in order, write a part at each boundary."""
+    """One task: load its actors, replay its epochs in order, write a part at each boundary,
+    with the outcomes of the transactions it replayed (and the rows of the interior ones)."""
 
     def run(task: int, rows: Iterable[Any]) -> Iterator[TaskResult]:
         actors: dict[str, list[tuple[ActorKey, bytes]]] = {}
@@ -325,7 +324,9 @@ def replay_task(setup: TaskSetup) -> Callable[[int, Iterable[Any]], Iterator[Tas
                 sender.add(len(record.txns))
                 done += len(record.txns)
                 if epoch.changes is not None:
-                    result.parts.append(snapshots.write(record.epoch, task + 1, epoch.changes))
+                    part = snapshots.write(record.epoch, task + 1, epoch.changes,
+                                           reported=engine.take_reported())  # fmt: skip
+                    result.parts.append(part)
                     result.carried[record.epoch] = list(engine.carried)
             return done
 

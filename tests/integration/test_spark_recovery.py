@@ -160,7 +160,15 @@ def test_independent_key_groups_replay_in_parallel_tasks(
     ).to_pyarrow_table(filters=[("ssid", "=", last)])
     assert [(r.epoch, r.txns) for r in epochs_of(commands)] == [
         (r.epoch, r.txns) for r in logged.records[1:]
-    ]  # archived as a cluster's worker 0 does
+    ]  # archived as a cluster's worker 0 does, with the outcomes the tasks replayed
+    outcomes = {
+        (o.epoch, o.seq): (o.committed, o.reason)
+        for r in SerialOracle(logged.app).run(logged.records)[1:]
+        for o in r.outcomes
+    }
+    archived = commands.select(["epoch", "seq", "committed", "reason"]).to_pylist()
+    assert {(r["epoch"], r["seq"]): (r["committed"], r["reason"]) for r in archived} == outcomes
+    assert len(archived) == len(outcomes) and not all(c for c, _ in outcomes.values())
     replaying = [p for p in seen if p.phase == "replaying"]
     assert replaying[-1].done == replaying[-1].total == 3000
 
