@@ -251,6 +251,8 @@ class QueryClient:
         self.timeout_s = timeout_s
         self.replies_lookback_ms = replies_lookback_ms
         self.layout: Layout | None = None
+        self.read_epoch = -1
+        """The epoch the last ``COMMITTED`` read was answered at (-1 for ``LIVE``)."""
         self._connections: dict[int, _Connection] = {}
         self._refreshing: asyncio.Future[None] | None = None
         self._replies: _Replies | None = None
@@ -486,9 +488,10 @@ class QueryClient:
         answered at an older epoch again at the newest (every worker has run it)."""
         futures = {w: self._send(w, _maker(r)) for w, r in requests.items()}
         replies = {w: self._checked(await f) for w, f in futures.items()}
+        newest = max(getattr(r, "epoch", -1) for r in replies.values())
+        self.read_epoch = newest
         if len(replies) < 2 or next(iter(requests.values())).level != ReadLevel.COMMITTED:
             return replies
-        newest = max(getattr(r, "epoch", -1) for r in replies.values())
         again = {
             w: self._send(w, _maker(msgspec.structs.replace(requests[w], epoch=newest)))
             for w, r in replies.items()
@@ -696,6 +699,11 @@ class Client:
     def connect(self, timeout_s: float | None = None) -> None:
         self._call(self.queries.connect(timeout_s))
 
+    @property
+    def read_epoch(self) -> int:
+        """The epoch the last ``COMMITTED`` read was answered at."""
+        return self.queries.read_epoch
+
     def get(self, actor: type | str, key: ActorKey, **options: Any) -> Any:
         return self._call(self.queries.get(actor, key, **options))
 
@@ -720,6 +728,8 @@ class Client:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
+            if not self._thread.is_alive():
+                self._loop.close()
 
 
 # --- helpers -------------------------------------------------------------------------------
