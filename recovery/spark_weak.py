@@ -18,7 +18,7 @@ the application's own handlers, and commits one snapshot at the last epoch:
 - **Egress** of the replayed epochs is held in the snapshot's ``outbox`` rows, for the
   partitions of the snapshot's layout; the cluster, restarted, releases it (exactly once:
   each partition releases only the epochs after those it already released). The epochs are
-  archived in ``commands`` like any snapshot's.
+  archived in ``commands``, with their outcomes, like any snapshot's.
 
 Run it while the cluster is stopped: both would otherwise sequence the same input.
 """
@@ -220,7 +220,8 @@ def recover_weak(
                                   time.perf_counter() - started)  # fmt: skip
     last = epochs[-1]
     changes = engine.store.take_changes(last.epoch)
-    part = snapshots.write(last.epoch, 0, changes, commands=epochs, outbox=outbox)
+    part = snapshots.write(last.epoch, 0, changes, commands=epochs, outbox=outbox,
+                           reported=engine.take_reported())  # fmt: skip
     part = with_log_position(part, last, last.epoch + 1, engine.carried)
     committed = snapshots.commit([part], last.epoch)
     progress("committing", 1, 1)

@@ -4,8 +4,9 @@ crash re-sequences the input from the latest snapshot's offsets.
 
 After ``kill -9`` of workers (one mid-snapshot), the history the snapshots archived
 (``<app>/commands``) must be a valid one: every input applied once, each input partition in
-order; the serial oracle run over it gives the latest snapshot's digest, and every released
-egress record agrees with it (so nothing released was contradicted by the re-sequencing).
+order; the serial oracle run over it gives the latest snapshot's digest and each archived
+transaction's outcome, and every released egress record agrees with it (so nothing released
+was contradicted by the re-sequencing).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from epochal.actors.engine import EpochResult
 from epochal.actors.oracle import SerialOracle
 from epochal.config import SnapshotConfig
 from epochal.recovery.log_tables import epochs_of
@@ -35,9 +37,26 @@ WEAK = ["--recovery", "weak", "--input-partitions", str(INPUT_PARTITIONS)]
 def _archived(cluster: Cluster) -> tuple[list[EpochRecord], str]:
     """The epochs the latest snapshot's ``commands`` version archives, and its digest."""
     manifest = cluster.snapshots().manifests()[-1]
-    table = DeltaTable(str(cluster.warehouse / cluster.name / "commands"),
-                       version=manifest.log_versions["commands"])  # fmt: skip
-    return epochs_of(table.to_pyarrow_table()), manifest.digest
+    return epochs_of(_commands(cluster).to_pyarrow_table()), manifest.digest
+
+
+def _commands(cluster: Cluster) -> DeltaTable:
+    manifest = cluster.snapshots().manifests()[-1]
+    return DeltaTable(str(cluster.warehouse / cluster.name / "commands"),
+                      version=manifest.log_versions["commands"])  # fmt: skip
+
+
+def _check_outcomes(cluster: Cluster, results: list[EpochResult]) -> None:
+    """The archive holds each transaction of its history once, interior ones included, with
+    the outcome the oracle gives over that history."""
+    table = _commands(cluster).to_pyarrow_table(columns=["epoch", "seq", "origin", "committed",
+                                                         "reason"])  # fmt: skip
+    archived = [((r["epoch"], r["seq"]), (r["committed"], r["reason"]))
+                for r in table.to_pylist() if r["origin"]]  # fmt: skip
+    assert len(archived) == len(dict(archived)), "a transaction archived twice"
+    assert dict(archived) == {
+        (o.epoch, o.seq): (o.committed, o.reason) for r in results for o in r.outcomes
+    }
 
 
 def _covered(cluster: Cluster) -> int:
@@ -68,6 +87,7 @@ def _check_history(cluster: Cluster) -> list[EpochRecord]:
         assert by_partition.get(partition, []) == list(range(end)), partition
     results = SerialOracle(app).run(epochs)
     assert results[-1].digest == digest, "the snapshot's state is the archived history's"
+    _check_outcomes(cluster, results)
     expected = sorted(
         (o.epoch, o.seq, o.committed, o.reason)
         for r in results
@@ -103,7 +123,9 @@ def test_the_weak_recovery_job_in_spark_resequences_the_input_after_the_snapshot
     assert (latest.ssid, latest.digest, latest.recovery) == (report.ssid, report.digest, "weak")
     assert _covered(cluster) == cluster.produced
     epochs, digest = _archived(cluster)
-    assert SerialOracle(app).run(epochs)[-1].digest == digest == report.digest
+    results = SerialOracle(app).run(epochs)
+    assert results[-1].digest == digest == report.digest
+    _check_outcomes(cluster, results)  # the job's epochs and the cluster's before them
     cluster.start(workers=2, partitions=4, snapshot_ms=200, extra=WEAK)  # resumes from it
     resumed = f"workers on the epoch feed ssid={report.ssid} "
     wait_until(lambda: resumed in cluster.log(), 30, "not resumed from the job's snapshot")
