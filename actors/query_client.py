@@ -157,8 +157,22 @@ class _Connection:
         except (TimeoutError, OSError) as exc:
             raise _Retry(f"{self.address}: {exc!r}") from exc
         self._writer = writer
-        writer.write(framed(_encoder.encode(Hello(self.token))))
         buffer = FrameBuffer(_MAX_REPLY_BYTES)
+        try:
+            first = await self._greet(reader, buffer, timeout_s)
+        except BaseException:
+            await self.close()
+            raise
+        self.layout = first
+        self._reader_task = asyncio.create_task(self._read(reader, buffer))
+        return first
+
+    async def _greet(
+        self, reader: asyncio.StreamReader, buffer: FrameBuffer, timeout_s: float
+    ) -> Layout:
+        """Say Hello with the token; the layout, or why the server refused."""
+        assert self._writer is not None
+        self._writer.write(framed(_encoder.encode(Hello(self.token))))
         payloads: list[bytes] = []
         try:
             while not payloads:
@@ -167,16 +181,12 @@ class _Connection:
                     raise _Retry(f"{self.address} closed the connection")
                 payloads = buffer.feed(data)
         except (TimeoutError, OSError) as exc:
-            writer.close()
             raise _Retry(f"{self.address}: {exc!r}") from exc
         first = _decoder.decode(payloads[0])
         if isinstance(first, Failed):
-            writer.close()
             raise QueryError(f"the query server refused the connection: {first.message}",
                              address=self.address, code=first.code)  # fmt: skip
         assert isinstance(first, Layout)
-        self.layout = first
-        self._reader_task = asyncio.create_task(self._read(reader, buffer))
         return first
 
     def send(self, make: Callable[[int], Get | Scan]) -> asyncio.Future[Reply]:
@@ -213,6 +223,8 @@ class _Connection:
         self.broken = True
         if self._writer is not None:
             self._writer.close()
+            with contextlib.suppress(Exception):
+                await self._writer.wait_closed()
         if self._reader_task is not None:
             self._reader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -55,7 +59,7 @@ def _oracle_states(records: list[EpochRecord]) -> dict[int, dict[KeyRef, bytes]]
 
 @asynccontextmanager
 async def _cluster(
-    workers: int = 2, partitions: int = 4, token: str = ""
+    workers: int = 2, partitions: int = 4, token: str = "", tls: ssl.SSLContext | None = None
 ) -> AsyncIterator[tuple[list[Engine], list[QueryServer], list[str]]]:
     base = free_ports(2 * workers)
     peers_at = [f"127.0.0.1:{base + w}" for w in range(workers)]
@@ -68,7 +72,7 @@ async def _cluster(
             else None
         )
         engines.append(Engine(app, partitions, w, workers, peers, queries=True))
-    servers = [QueryServer(e, query_at, 1, token=token) for e in engines]
+    servers = [QueryServer(e, query_at, 1, token=token, tls=tls) for e in engines]
     await asyncio.gather(*(e.peers.start() for e in engines if e.peers))
     for server in servers:
         await server.start()
@@ -228,5 +232,30 @@ def test_bad_queries_get_clear_errors() -> None:
         gone = f"127.0.0.1:{free_ports(1)}"
         with pytest.raises(QueryUnavailableError, match="no query server answered"):
             await QueryClient(app, gone, timeout_s=0.5).connect()
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl for a certificate")
+def test_queries_over_tls_with_a_token(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    client_tls = ssl.create_default_context(cafile=str(cert))
+
+    async def main() -> None:
+        async with _cluster(1, 2, token="t", tls=server_tls) as (engines, _, endpoints):
+            engines[0].store.apply(KeyRef("Account", 1), engines[0].ranges.partition_of(
+                KeyRef("Account", 1)), msgspec.msgpack.encode({"balance": 9}), epoch=0)  # fmt: skip
+            async with QueryClient(app, endpoints, token="t", tls=client_tls) as client:
+                assert (await client.get(Account, 1, isolation=LIVE)).balance == 9
+            with pytest.raises(QueryUnavailableError):  # plain TCP to a TLS server: no answer
+                await QueryClient(app, endpoints, token="t", timeout_s=0.5).connect()
 
     asyncio.run(main())
