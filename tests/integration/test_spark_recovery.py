@@ -61,12 +61,16 @@ class Logged:
     def oracle(self, upto: int | None = None, then: App | None = None) -> dict[int, str]:
         """The serial oracle's digest after each epoch; from epoch ``upto`` + 1 on, under the
         app ``then``, if given."""
-        oracle, digests = SerialOracle(self.app), {}
+        return {r.epoch: r.digest for r in self.oracle_results(upto, then)}
+
+    def oracle_results(self, upto: int | None = None, then: App | None = None) -> list[Any]:
+        """The serial oracle's result of each epoch, as :meth:`oracle` runs it."""
+        oracle, results = SerialOracle(self.app), []
         for record in self.records:
             if then is not None and upto is not None and record.epoch == upto + 1:
                 oracle.app = dataclasses.replace(then, name=self.app.name)
-            digests[record.epoch] = oracle.run_epoch(record).digest
-        return digests
+            results.append(oracle.run_epoch(record))
+        return results
 
     def in_engine(self) -> str:
         """The in-engine strong replay from the latest snapshot to the log's end."""
@@ -218,6 +222,13 @@ def test_into_replays_a_fixed_handler_into_separate_tables(
         ssid: corrected[ssid] for ssid in (3, 6, 9, 10)
     }
     assert corrected[3] == ran[3] and corrected[9] != ran[9]
+    commands = DeltaTable(fixed.warehouse.log("commands")).to_pyarrow_table()
+    archived = commands.select(["epoch", "seq", "committed", "reason"]).to_pylist()
+    assert {(r["epoch"], r["seq"]): (r["committed"], r["reason"]) for r in archived} == {
+        (o.epoch, o.seq): (o.committed, o.reason)
+        for r in logged.oracle_results(upto=3, then=fee_app)[4:]
+        for o in r.outcomes
+    }  # the corrected outcomes of the replayed epochs
 
     # what the docs' Spark SQL compares (ssid 9 in both), read here with delta-rs: Spark's
     # planning of two Delta tables would cost this loaded machine more than the whole test
