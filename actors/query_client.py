@@ -37,24 +37,23 @@ import ssl
 import threading
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
-from concurrent.futures import Future
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
 from epochal.actors.api import ActorType, App
 from epochal.actors.framing import FrameBuffer, framed, split_address
 from epochal.actors.serializable import READ_HANDLER, ReadKeys
-from epochal.config import KafkaConfig, SnapshotConfig
+from epochal.config import KafkaConfig
 from epochal.errors import (
     QueryError,
     QueryTimeoutError,
     QueryUnavailableError,
     SchemaError,
 )
+from epochal.log.replies import RequestChannel
 from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import ActorKey, ClientRequest
@@ -81,6 +80,7 @@ __all__ = [
     "Isolation",
     "Outcome",
     "QueryClient",
+    "SnapshotSource",
 ]
 
 T = TypeVar("T")
@@ -128,6 +128,18 @@ class Outcome:
     def of(cls, reply: ClientReply) -> Outcome:
         result = msgspec.msgpack.decode(reply.result) if reply.result else None
         return cls(reply.request_id, reply.committed, reply.epoch, reply.seq, reply.reason, result)
+
+
+class SnapshotSource(Protocol):
+    """Reads a retained snapshot's actors (``recovery.snapshot_reads.SnapshotReader``)."""
+
+    def get(
+        self, actor_type: str, keys: Iterable[ActorKey], ssid: int
+    ) -> Mapping[ActorKey, bytes | None]: ...
+
+    def scan(
+        self, actor_type: str, lo: ActorKey | None, hi: ActorKey | None, ssid: int
+    ) -> Sequence[tuple[ActorKey, bytes]]: ...
 
 
 class _Retry(Exception):
@@ -237,7 +249,8 @@ class QueryClient:
     ``endpoints``: one or more worker query addresses (``host:port``; any worker will do, the
     others are learnt). ``token``: the servers' shared token (default ``$EPOCHAL_QUERY_TOKEN``).
     ``tls``: an SSL context to connect with. ``kafka``: for ``submit`` and ``SERIALIZABLE``.
-    ``snapshots``: where the snapshots are, for ``SNAPSHOT(ssid)``. ``timeout_s``: how long a
+    ``snapshots``: what reads snapshots, for ``SNAPSHOT(ssid)``: an
+    ``epochal.SnapshotReader(SnapshotConfig(warehouse), app.name)``. ``timeout_s``: how long a
     call may take, retries included (each call may override it).
     """
 
@@ -249,7 +262,7 @@ class QueryClient:
         token: str | None = None,
         tls: ssl.SSLContext | None = None,
         kafka: KafkaConfig | None = None,
-        snapshots: SnapshotConfig | None = None,
+        snapshots: SnapshotSource | None = None,
         timeout_s: float = 10.0,
         replies_lookback_ms: int = 10 * 60 * 1000,
     ) -> None:
@@ -259,7 +272,7 @@ class QueryClient:
         self.token = os.environ.get("EPOCHAL_QUERY_TOKEN", "") if token is None else token
         self.tls = tls
         self.kafka = kafka
-        self.snapshot_config = snapshots
+        self.snapshot_source = snapshots
         self.timeout_s = timeout_s
         self.replies_lookback_ms = replies_lookback_ms
         self.layout: Layout | None = None
@@ -267,8 +280,7 @@ class QueryClient:
         """The epoch the last ``COMMITTED`` read was answered at (-1 for ``LIVE``)."""
         self._connections: dict[int, _Connection] = {}
         self._refreshing: asyncio.Future[None] | None = None
-        self._replies: _Replies | None = None
-        self._snapshot_reader: Any = None
+        self._replies: RequestChannel | None = None
 
     async def __aenter__(self) -> QueryClient:
         await self.connect()
@@ -595,92 +607,20 @@ class QueryClient:
             return
         raise _Retry("; ".join(errors) or "no endpoint")
 
-    def _replies_channel(self) -> _Replies:
+    def _replies_channel(self) -> RequestChannel:
         if self._replies is None:
             if self.kafka is None:
                 raise QueryError("submit and SERIALIZABLE reads need Kafka: pass kafka=KafkaConfig")
-            self._replies = _Replies(self.app, self.kafka, self.replies_lookback_ms)
+            self._replies = RequestChannel(self.app.topics, self.kafka, self.replies_lookback_ms)
         return self._replies
 
-    def _snapshots(self) -> Any:
-        if self._snapshot_reader is None:
-            if self.snapshot_config is None:
-                raise QueryError("SNAPSHOT reads need the warehouse: pass snapshots=SnapshotConfig")
-            from epochal.recovery.snapshot_reads import SnapshotReader
-
-            self._snapshot_reader = SnapshotReader(self.snapshot_config, self.app.name)
-        return self._snapshot_reader
-
-
-class _Replies:
-    """Sends client requests and matches ``<app>.replies`` records to them (a thread)."""
-
-    def __init__(self, app: App, kafka: KafkaConfig, lookback_ms: int) -> None:
-        from confluent_kafka import TopicPartition
-
-        from epochal.log.client import KafkaClients
-
-        self.topics = app.topics
-        clients = KafkaClients(kafka)
-        clients.create_topics([self.topics.replies], partitions=1)
-        self.producer = clients.producer(**{"enable.idempotence": True, "linger.ms": 1})
-        self.consumer = clients.consumer(**{"isolation.level": "read_committed",
-                                            "auto.offset.reset": "earliest"})  # fmt: skip
-        since = int(time.time() * 1000) - lookback_ms
-        metadata = self.consumer.list_topics(self.topics.replies, timeout=10)
-        partitions = list(metadata.topics[self.topics.replies].partitions)
-        starts = self.consumer.offsets_for_times(
-            [TopicPartition(self.topics.replies, p, since) for p in partitions], timeout=10
-        )
-        for start in starts:  # none since then: from the end as it is now, not when first read
-            if start.offset < 0:
-                start.offset = self.consumer.get_watermark_offsets(start, timeout=10)[1]
-        self.consumer.assign(starts)
-        self._lock = threading.Lock()
-        self._seen: OrderedDict[str, ClientReply] = OrderedDict()
-        self._waiting: dict[str, list[Future[ClientReply]]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="epochal-replies", daemon=True)
-        self._thread.start()
-
-    def expect(self, request_id: str) -> Future[ClientReply]:
-        future: Future[ClientReply] = Future()
-        with self._lock:
-            seen = self._seen.get(request_id)
-            if seen is not None:
-                future.set_result(seen)
-            else:
-                self._waiting.setdefault(request_id, []).append(future)
-        return future
-
-    def send(self, request: ClientRequest) -> None:
-        self.producer.produce(self.topics.requests, encode(request),
-                              key=request.request_id.encode())  # fmt: skip
-        if self.producer.flush(10) > 0:
-            raise QueryUnavailableError("the request could not be written to Kafka",
-                                        topic=self.topics.requests)  # fmt: skip
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for message in self.consumer.consume(num_messages=500, timeout=0.1):
-                if message.error() is not None or message.value() is None:
-                    continue
-                try:
-                    reply = decode(message.value() or b"", ClientReply)
-                except SchemaError:
-                    continue
-                with self._lock:
-                    self._seen[reply.request_id] = reply
-                    while len(self._seen) > 100_000:
-                        self._seen.popitem(last=False)
-                    for future in self._waiting.pop(reply.request_id, []):
-                        if not future.done():
-                            future.set_result(reply)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self.consumer.close()
+    def _snapshots(self) -> SnapshotSource:
+        if self.snapshot_source is None:
+            raise QueryError(
+                "SNAPSHOT reads need the warehouse: pass snapshots=SnapshotReader(SnapshotConfig("
+                "warehouse), app.name)"
+            )
+        return self.snapshot_source
 
 
 class Client:

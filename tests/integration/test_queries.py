@@ -29,6 +29,7 @@ from epochal.actors.query_client import COMMITTED, LIVE, SERIALIZABLE, SNAPSHOT,
 from epochal.config import SnapshotConfig
 from epochal.errors import SnapshotNotRetainedError
 from epochal.recovery.log_tables import epochs_of
+from epochal.recovery.snapshot_reads import SnapshotReader
 from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.commands import EpochRecord, KeyRef
 from tests.integration.cluster import Cluster, app_named, wait_until
@@ -61,7 +62,8 @@ def _transfers_running(cluster: Cluster, every_s: float = 0.05) -> Iterator[None
 def _client(cluster: Cluster, **options: object) -> Client:
     return Client(
         app_named(cluster.name), f"127.0.0.1:{cluster.query_base}", kafka=cluster.kafka.config,
-        snapshots=SnapshotConfig(str(cluster.warehouse)), timeout_s=30, **options,
+        snapshots=SnapshotReader(SnapshotConfig(str(cluster.warehouse)), cluster.name),
+        timeout_s=30, **options,
     )  # fmt: skip
 
 
