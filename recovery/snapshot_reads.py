@@ -2,11 +2,16 @@
 client's ``SNAPSHOT(ssid)`` isolation level (DESIGN §2.7).
 
 A snapshot's actors of one type are the rows of ``state/<type>`` at the Delta version that its
-manifest row names (a Delta version is not an ssid). A read pushes its key filter down to the
-Parquet scan: the Delta log's file statistics skip whole files and the row groups' statistics
-skip the rest, so a point read among a million actors reads a few row groups, not the table.
-Values are the canonical msgpack bytes the table keeps in ``_state``, exactly what was
-snapshotted, as a restore reads them (:func:`epochal.recovery.snapshots.actor_rows`).
+manifest row names (a Delta version is not an ssid). A read skips every Parquet row group whose
+key range (its statistics, read once per version) cannot hold a wanted key, and filters the rest
+in Arrow, so no row but the wanted ones reaches Python. How much that skips depends on how the
+state files are laid out (how many, how large their row groups, how clustered by key). Values
+are the canonical msgpack bytes the table keeps in ``_state``, exactly what was snapshotted, as
+a restore reads them (:func:`epochal.recovery.snapshots.actor_rows`).
+
+The pruning is ours rather than pyarrow's because delta-rs's merge writes string columns as
+Arrow ``string_view``, for which pyarrow has no comparison kernels: its own statistics pruning
+fails on such files, and a string key is compared only after a cast to ``string``.
 
 An ssid that the manifest does not hold, because it expired or was never taken, is a
 :class:`SnapshotNotRetainedError` that names the retained range.
@@ -18,11 +23,14 @@ An ssid that the manifest does not hold, because it expired or was never taken, 
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import reduce
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,7 +49,45 @@ __all__ = ["SnapshotReader"]
 logger = logging.getLogger(__name__)
 
 _OPEN_TABLES = 32  # (actor type, version) pairs kept open; a version never changes
-_EQUALITIES = 64  # up to this many keys, a filter of ``==`` terms prunes row groups best
+
+
+@dataclass(frozen=True)
+class _Version:
+    """One version of a state table: its dataset, and each file's row groups with their key
+    ranges (None when a group has no statistics)."""
+
+    dataset: ds.Dataset
+    groups: list[tuple[ds.ParquetFileFragment, list[tuple[int, Any, Any]]]]
+
+    @classmethod
+    def open(cls, dataset: ds.Dataset) -> _Version:
+        groups = []
+        for fragment in dataset.get_fragments():
+            ranges = []
+            for group in fragment.row_groups:
+                stats = (group.statistics or {}).get("_key") or {}
+                ranges.append((group.id, stats.get("min"), stats.get("max")))
+            groups.append((fragment, ranges))
+        return cls(dataset, groups)
+
+    @property
+    def key(self) -> pc.Expression:
+        """The ``_key`` column to compare (strings cast from ``string_view``: module doc)."""
+        column = pc.field("_key")
+        return column if pa.types.is_integer(self.dataset.schema.field("_key").type) else (
+            column.cast(pa.string())
+        )  # fmt: skip
+
+    def pruned(self, may_hold: Callable[[Any, Any], bool]) -> ds.Dataset:
+        """The dataset of the row groups whose key range ``[min, max]`` may hold a wanted key."""
+        fragments = []
+        for fragment, ranges in self.groups:
+            ids = [i for i, lo, hi in ranges if lo is None or hi is None or may_hold(lo, hi)]
+            if ids:
+                fragments.append(fragment.subset(row_group_ids=ids))
+        return ds.FileSystemDataset(
+            fragments, self.dataset.schema, self.dataset.format, self.dataset.filesystem
+        )
 
 
 class SnapshotReader:
@@ -57,7 +103,7 @@ class SnapshotReader:
         self.warehouse = Warehouse(config.warehouse, app, config.storage_options)
         self._lock = threading.Lock()
         self._manifests: dict[int, Manifest] = {}
-        self._datasets: OrderedDict[tuple[str, int], ds.Dataset] = OrderedDict()
+        self._datasets: OrderedDict[tuple[str, int], _Version] = OrderedDict()
 
     # --- the manifest ---------------------------------------------------------------------
 
@@ -106,16 +152,17 @@ class SnapshotReader:
         if not wanted:
             self.manifest(ssid)  # still says whether the snapshot exists
             return {}
-        dataset = self._dataset(actor_type, ssid)
+        version = self._version(actor_type, ssid)
         for key in wanted:
-            _check_key(dataset, actor_type, key)
-        field = pc.field("_key")
-        condition = (
-            reduce(lambda a, b: a | b, (field == key for key in wanted))
-            if len(wanted) <= _EQUALITIES
-            else field.isin(wanted)
-        )
-        found = dict(actor_rows(self._scan(dataset, actor_type, ssid, condition)))
+            _check_key(version.dataset, actor_type, key)
+        ordered: list[Any] = sorted(wanted)
+
+        def may_hold(lo: Any, hi: Any) -> bool:
+            at = bisect.bisect_left(ordered, lo)
+            return at < len(ordered) and ordered[at] <= hi
+
+        condition = version.key.isin(wanted)
+        found = dict(actor_rows(self._scan(version.pruned(may_hold), actor_type, ssid, condition)))
         return {key: found.get(key) for key in wanted}
 
     def scan(
@@ -128,19 +175,22 @@ class SnapshotReader:
     ) -> list[tuple[ActorKey, bytes]]:
         """The actors with keys in ``[lo, hi)`` (None: unbounded) at snapshot ``ssid``, in key
         order, at most ``limit`` of them."""
-        dataset = self._dataset(actor_type, ssid)
+        version = self._version(actor_type, ssid)
         terms = []
-        if lo is not None:
-            _check_key(dataset, actor_type, lo)
-            terms.append(pc.field("_key") >= lo)
-        if hi is not None:
-            _check_key(dataset, actor_type, hi)
-            terms.append(pc.field("_key") < hi)
+        for bound, term in ((lo, version.key >= lo), (hi, version.key < hi)):
+            if bound is not None:
+                _check_key(version.dataset, actor_type, bound)
+                terms.append(term)
         condition = reduce(lambda a, b: a & b, terms) if terms else None
+
+        def may_hold(first: Any, last: Any) -> bool:
+            return (lo is None or last >= lo) and (hi is None or first < hi)
+
+        dataset = version.pruned(may_hold)
         rows = self._scan(dataset, actor_type, ssid, condition).sort_by("_key")
         return actor_rows(rows if limit is None else rows.slice(0, limit))
 
-    def _dataset(self, actor_type: str, ssid: int) -> ds.Dataset:
+    def _version(self, actor_type: str, ssid: int) -> _Version:
         """The state table of ``actor_type`` at the version snapshot ``ssid`` names (cached)."""
         version = self.manifest(ssid).state_versions.get(actor_type, 0)
         with self._lock:
@@ -151,16 +201,16 @@ class SnapshotReader:
         uri = self.warehouse.state(actor_type)
         try:
             table = DeltaTable(uri, version=version, storage_options=self.warehouse.options)
-            dataset = table.to_pyarrow_dataset()
+            opened = _Version.open(table.to_pyarrow_dataset())
         except TableNotFoundError as exc:
             raise QueryError("unknown actor type", actor_type=actor_type, table=uri) from exc
         except (DeltaError, OSError) as exc:
             raise self._failed(actor_type, ssid, exc) from exc
         with self._lock:
-            self._datasets[actor_type, version] = dataset
+            self._datasets[actor_type, version] = opened
             while len(self._datasets) > _OPEN_TABLES:
                 self._datasets.popitem(last=False)
-        return dataset
+        return opened
 
     def _scan(
         self, dataset: ds.Dataset, actor_type: str, ssid: int, condition: pc.Expression | None
