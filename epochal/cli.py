@@ -340,6 +340,81 @@ def _snapshots(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sql(args: argparse.Namespace) -> int:
+    """Register the app's history views on a Spark session and print a query's rows."""
+    from epochal.analytics.history import query_rows, register_views
+    from epochal.analytics.spark import spark_session
+    from epochal.jvm import JarSet
+
+    app: App | str = args.app
+    if ":" in args.app:  # module:attribute; a plain name needs no code
+        _apps_from_working_directory()
+        app = load_app(args.app, args.name)
+    jars = _cache(args).jar_dir(JarSet.SPARK.value)
+    with console.status(f"starting Spark ({args.master})"):
+        spark = spark_session(SparkConfig(jar_dir=jars, master=args.master, app_name="epochal-sql",
+                                          conf=_settings(args.spark_conf)))  # fmt: skip
+    register_views(spark, app, args.warehouse)
+    columns, rows = query_rows(spark, args.query)
+    _print_rows(columns, rows, args.format)
+    return 0
+
+
+def _print_rows(columns: list[str], rows: list[list[Any]], form: str) -> None:
+    """Rows on stdout: a table, JSON lines, or CSV with a header; timestamps in UTC."""
+    import csv
+
+    import msgspec
+    from rich.table import Table
+
+    values = [[_plain(v) for v in row] for row in rows]
+    if form == "json":
+        for row in values:
+            sys.stdout.write(msgspec.json.encode(dict(zip(columns, row, strict=True))).decode())
+            sys.stdout.write("\n")
+    elif form == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        for row in values:
+            writer.writerow(["" if v is None else v if isinstance(v, str | int | float)
+                             else msgspec.json.encode(v).decode() for v in row])  # fmt: skip
+    else:
+        table = Table(*columns, caption=f"{len(rows)} rows")
+        for row in values:
+            table.add_row(*("NULL" if v is None else f"<{len(v)} bytes>" if isinstance(v, bytes)
+                            else str(v) for v in row))  # fmt: skip
+        Console().print(table)
+
+
+def _plain(value: Any) -> Any:
+    """A Spark value for output: naive datetimes (Spark gives local time) as UTC."""
+    import datetime
+
+    if isinstance(value, datetime.datetime):
+        return value.astimezone(datetime.UTC).isoformat(timespec="milliseconds")
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _sql_command(commands: Any) -> None:
+    """``epochal sql``."""
+    sql = commands.add_parser("sql", help="Spark SQL over an app's snapshot history")
+    sql.add_argument("query", help='e.g. "SELECT _ssid, sum(balance) FROM account_history '
+                                   'GROUP BY _ssid"')  # fmt: skip
+    sql.add_argument("app", help="the app's name, or module:attribute of the App")
+    sql.add_argument("--name", help="app name (with module:attribute; default: the App's)")
+    sql.add_argument("--warehouse", default="warehouse", help="where the snapshots are")
+    sql.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                     help="a table, JSON lines or CSV")  # fmt: skip
+    sql.add_argument("--master", default="local[2]", help="Spark master")
+    sql.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                     help="a Spark setting (spark.hadoop.fs.s3a.* for object stores)")  # fmt: skip
+    sql.set_defaults(handler=_sql)
+
+
 def _print_actors(app: App, actor_type: str, actors: list[tuple[object, Any]], limit: int) -> None:
     """A table of the first actors of a type, and the totals of its numeric fields."""
     from rich.table import Table
@@ -507,6 +582,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.set_defaults(handler=_replay)
 
     _recovery_commands(commands, app_flags)
+    _sql_command(commands)
 
     demo = commands.add_parser("demo", help="run the demo on a local broker, Spark and warehouse")
     demo.add_argument("--warehouse", default="warehouse", help="Delta warehouse root")
