@@ -7,7 +7,8 @@
         total = await client.aggregate(Account, "sum:balance")
         outcome = await client.submit(deposit, Deposit("acct-1", 10))
 
-``Client`` is the same with plain (blocking) methods. A service needs the app's module (its actor
+``Client`` is the same with plain (blocking) methods; its ``submit`` returns a
+``concurrent.futures.Future`` of the outcome. A service needs the app's module (its actor
 types and handlers) and this package — no Spark, and no Kafka unless it submits transactions or
 reads ``SERIALIZABLE``.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import concurrent.futures
 import contextlib
 import itertools
 import os
@@ -671,8 +673,11 @@ class Client:
         return self._call(self.queries.aggregate(actor, *aggregates, **options))
 
     def submit(self, handler: Callable[..., Any] | str, event: object,
-               **options: Any) -> Outcome:  # fmt: skip
-        return self._call(self.queries.submit(handler, event, **options))
+               **options: Any) -> concurrent.futures.Future[Outcome]:  # fmt: skip
+        """A future of the transaction's :class:`Outcome` (``.result()`` waits for it)."""
+        return asyncio.run_coroutine_threadsafe(
+            self.queries.submit(handler, event, **options), self._loop
+        )
 
     def close(self) -> None:
         try:

@@ -132,15 +132,17 @@ def test_committed_serializable_and_snapshot_reads_across_a_kill_9(
 
         # read-your-writes: a client transaction, then a serializable read
         before = client.get_many(Account, [3, 4], isolation=SERIALIZABLE)
-        outcome = client.submit("transfer", Transfer(3, 4, 7), request_id="move-7")
+        outcome = client.submit("transfer", Transfer(3, 4, 7), request_id="move-7").result()
         assert outcome.committed, outcome.reason
         now = client.get_many(Account, [3, 4], isolation=SERIALIZABLE)
         assert now[3].balance == before[3].balance - 7
         assert now[4].balance == before[4].balance + 7
-        again = client.submit("transfer", Transfer(3, 4, 7), request_id="move-7")
+        again = client.submit("transfer", Transfer(3, 4, 7), request_id="move-7").result()
         assert (again.epoch, again.seq, again.committed) == (outcome.epoch, outcome.seq, True)
         assert client.get(Account, 3, isolation=SERIALIZABLE).balance == now[3].balance
-        refused = client.submit("transfer", Transfer(3, 3, 1))  # the handler raises: aborted
+        refused = client.submit(
+            "transfer", Transfer(3, 3, 1)
+        ).result()  # the handler raises: aborted
         assert not refused.committed and "transfer to itself" in refused.reason
 
         # a retained snapshot through the client equals Spark's VERSION AS OF for its ssid

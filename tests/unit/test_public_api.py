@@ -10,6 +10,9 @@ EXPORTED = {
     "LocalBrokerConfig", "LocalBrokerError", "LogError", "LogTruncatedError", "QueryError",
     "RecoveryError", "SchemaError", "SnapshotMissingError", "SparkConfig", "TransactionAborted",
     "SequencerConfig", "WorkerConfig", "FailureConfig", "EgressRecord", "DeadLetter",
+    "SnapshotNotRetainedError", "register_views", "state_at", "SnapshotConfig", "SnapshotReader",
+    "Client", "QueryClient", "Isolation", "Outcome", "LIVE", "COMMITTED", "SERIALIZABLE",
+    "SNAPSHOT", "QueryTimeoutError", "QueryUnavailableError",
     "__version__",
 }  # fmt: skip
 
@@ -17,3 +20,15 @@ EXPORTED = {
 def test_exported_names_are_pinned() -> None:
     assert set(epochal.__all__) == EXPORTED
     assert all(hasattr(epochal, name) for name in epochal.__all__)
+
+
+def test_importing_epochal_loads_neither_spark_nor_delta() -> None:
+    """A service that only queries live state imports epochal without pyspark or delta-rs."""
+    import subprocess
+    import sys
+
+    code = ("import sys, epochal; assert epochal.Client and epochal.COMMITTED; "
+            "print(sorted(m for m in ('pyspark', 'deltalake') if m in sys.modules))")  # fmt: skip
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.strip()  # fmt: skip
+    assert loaded == "[]"
