@@ -3,9 +3,11 @@
 On a local Kafka broker it runs ``examples.bank.app`` as a cluster of two worker processes and
 a sequencer (``epochal run``, snapshots to ``./warehouse`` every second), feeds it two rounds of
 transfers from a plain Kafka client (some in JSON, as another language would send them) and
-waits for every transfer's egress record. In round 2 it ``kill -9``s a worker mid-stream: the
-cluster rolls back, resumes from the latest snapshot, and still gives each transfer exactly one
-egress record. At the end it checks that money was conserved in every snapshot's state table,
+waits for every transfer's egress record. While round 2 runs it reads live balances through the
+query client at each isolation level and submits a client transaction; then it ``kill -9``s a
+worker mid-stream: the cluster rolls back, resumes from the latest snapshot, still gives each
+transfer exactly one egress record, and the same client keeps answering. At the end it checks
+that money was conserved in every snapshot (a Spark SQL query over the history of all of them),
 that the snapshot after round 1 reads back by time travel (Spark, with only Delta configured,
 and delta-rs), that replaying the command log from the latest snapshot gives its digest, and
 that Spark's Kafka source sees every input record.
@@ -32,6 +34,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from epochal.actors.api import load_app
+from epochal.actors.query_client import COMMITTED, LIVE, SERIALIZABLE, SNAPSHOT, Client
+from epochal.analytics.history import query_rows, register_views
 from epochal.analytics.spark import spark_session
 from epochal.config import CacheConfig, KafkaConfig, SnapshotConfig, SparkConfig
 from epochal.errors import EpochalError
@@ -40,6 +44,7 @@ from epochal.log.client import KafkaClients
 from epochal.log.command_log import KafkaCommandLog
 from epochal.log.local_broker import LocalBroker
 from epochal.recovery.replay import replay_command_log
+from epochal.recovery.snapshot_reads import SnapshotReader
 from epochal.recovery.snapshots import DeltaSnapshots
 from epochal.schemas.egress import EgressRecord
 from epochal.schemas.snapshots import Manifest
@@ -86,6 +91,9 @@ class _Demo:
         self.egress: list[EgressRecord] = []
         self.run_dir = Path(tempfile.mkdtemp(prefix="epochal-demo-"))
         self.produced = 0
+        self.query_port = _free_port_pair()
+        self.submitted = ""
+        self.checks: dict[str, bool] = {}
 
     def run(self) -> int:
         egress = [self.app.topics.egress(name) for name in ("receipts", "errors")]
@@ -95,9 +103,13 @@ class _Demo:
             for topic in egress
         ]
         cluster = self._start_cluster()
+        reader = SnapshotReader(SnapshotConfig(str(self.warehouse)), self.name)
+        client = Client(self.app, f"127.0.0.1:{self.query_port}", kafka=self.clients.config,
+                        snapshots=reader, timeout_s=60)  # fmt: skip
         try:
-            rounds = [self._round(consumers, number) for number in (1, 2)]
+            rounds = [self._round(consumers, number, client) for number in (1, 2)]
         finally:
+            client.close()
             for consumer in consumers:
                 consumer.close()
             cluster.send_signal(signal.SIGTERM)
@@ -111,12 +123,14 @@ class _Demo:
         command = [sys.executable, "-m", "epochal.cli", "run", "examples.bank.app:app",
                    "--name", self.name, "--bootstrap", self.bootstrap, "--workers", "2",
                    "--run-dir", str(self.run_dir), "--warehouse", str(self.warehouse),
-                   "--failure-timeout-ms", "6000"]  # fmt: skip
+                   "--failure-timeout-ms", "6000",
+                   "--query-port", str(self.query_port)]  # fmt: skip
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child keeps it open
         cluster = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         self.console.print(
             f"[green]✓[/] epochal run examples.bank.app:app as {self.name!r}: 2 workers, "
-            f"4 partitions, a snapshot every second to {self.warehouse / self.name} "
+            f"4 partitions, a snapshot every second to {self.warehouse / self.name}, live "
+            f"queries on 127.0.0.1:{self.query_port} and :{self.query_port + 1} "
             f"(log: {self.log_path})"
         )
         return cluster
@@ -153,21 +167,34 @@ class _Demo:
         started = time.monotonic()
         with Progress(console=self.console, transient=True) as progress:
             task = progress.add_task("transfers through the cluster", total=expected)
-            while len(self.egress) < expected:
+            while self._transfers_out() < expected:
                 if time.monotonic() - started > 180:
                     raise EpochalError("the cluster did not process the transfers in 180 s")
                 for consumer in consumers:
                     for message in consumer.consume(10_000, 0.1):
                         self.egress.append(msgspec.msgpack.decode(message.value(),
                                                                   type=EgressRecord))  # fmt: skip
-                progress.update(task, completed=len(self.egress))
-                if kill_at is not None and len(self.egress) >= kill_at:
+                progress.update(task, completed=self._transfers_out())
+                if kill_at is not None and self._transfers_out() >= kill_at:
                     self._kill_a_worker()
                     kill_at = None
         for consumer in consumers:  # anything beyond: a duplicate, which the checks catch
             self.egress += [msgspec.msgpack.decode(m.value(), type=EgressRecord)
                             for m in consumer.consume(10_000, 1.0)]  # fmt: skip
         return time.monotonic() - started
+
+    def _inputs_produced(self) -> int:
+        """Transfers produced so far (the deposits of round 1 aside)."""
+        return self.produced - (ACCOUNTS if self.produced else 0)
+
+    def _transfers(self) -> list[EgressRecord]:
+        """Egress records of the transfers produced to the input topic (not of the client's
+        transaction, which came through ``<app>.requests``)."""
+        topic = self.app.topics.input("transfers")
+        return [r for r in self.egress if r.source is not None and r.source.topic == topic]
+
+    def _transfers_out(self) -> int:
+        return len(self._transfers())
 
     def _kill_a_worker(self) -> None:
         pid = int(self._status()["workers"][1])
@@ -186,11 +213,24 @@ class _Demo:
             time.sleep(0.2)
         raise EpochalError("no snapshot covers the input after 60 s")
 
-    def _round(self, consumers: list[Any], number: int) -> dict[str, Any]:
-        self._produce(with_deposits=number == 1, count=TRANSFERS_PER_ROUND)
+    def _round(self, consumers: list[Any], number: int, client: Client) -> dict[str, Any]:
+        started = time.monotonic()
         expected = number * TRANSFERS_PER_ROUND
-        kill_at = expected - TRANSFERS_PER_ROUND // 2 if number == 2 else None
-        seconds = self._wait_for_egress(consumers, expected, kill_at)
+        kill_at = None
+        if number == 2:  # queries while the first half runs; the kill in the second half
+            self._produce(with_deposits=False, count=TRANSFERS_PER_ROUND // 2)
+            self._wait_for_egress(consumers, TRANSFERS_PER_ROUND + TRANSFERS_PER_ROUND // 10)
+            self._query_while_running(client)
+            kill_at = expected - TRANSFERS_PER_ROUND // 4
+        self._produce(with_deposits=number == 1, count=expected - self._inputs_produced())
+        self._wait_for_egress(consumers, expected, kill_at)
+        seconds = time.monotonic() - started
+        if number == 2:
+            generation = self._status().get("generation")
+            totals = client.aggregate("Account", "sum:balance", "count")
+            self.checks[f"the same query client answered after the rollback (generation "
+                        f"{generation}): {totals['count']} accounts, money conserved"] = (
+                totals == {"sum:balance": ACCOUNTS * OPENING, "count": ACCOUNTS})  # fmt: skip
         manifest = self._snapshot_covering(self.produced)
         self.console.print(
             f"[green]✓[/] round {number}: {TRANSFERS_PER_ROUND:,} transfers through Kafka and "
@@ -201,6 +241,38 @@ class _Demo:
         if number == 2:
             self._show_recovery()
         return {"manifest": manifest}
+
+    def _query_while_running(self, client: Client) -> None:
+        """Live reads at each isolation level and a client transaction, while transfers run."""
+        from examples.bank.app import Transfer
+
+        account, first = self.accounts[0], self.snapshots.manifests()[-1]
+        table = Table(title=f"{account} while round 2 runs, at each isolation level")
+        for column in ("isolation", "balance", "read at", "took"):
+            table.add_column(column)
+        for isolation in (LIVE, COMMITTED, SERIALIZABLE, SNAPSHOT(first.ssid)):
+            started = time.perf_counter()
+            value = client.get("Account", account, isolation=isolation)
+            took = (time.perf_counter() - started) * 1000
+            at = {"live": "the newest value in memory",
+                  "committed": f"epoch {client.read_epoch}, one cut of every partition",
+                  "serializable": "its own timestamp in the command log",
+                  "snapshot": "the Delta tables"}  # fmt: skip
+            table.add_row(repr(isolation), str(value.balance), at[isolation.level],
+                          f"{took:.1f} ms")  # fmt: skip
+        self.console.print(table)
+        sums = [client.aggregate("Account", "sum:balance")["sum:balance"] for _ in range(50)]
+        self.checks[f"50 COMMITTED sums of all {ACCOUNTS} balances while transfers ran: each "
+                    "the total (a transfer is seen whole or not at all)"] = all(
+            total == ACCOUNTS * OPENING for total in sums)  # fmt: skip
+        outcome = client.submit("transfer", Transfer(account, self.accounts[1], 1)).result()
+        self.console.print(
+            f"[green]✓[/] client transaction transfer({account} → {self.accounts[1]}, 1): "
+            f"{'committed' if outcome.committed else 'aborted: ' + outcome.reason} at epoch "
+            f"{outcome.epoch}, seq {outcome.seq}"
+        )
+        self.submitted = outcome.request_id
+        self.checks["the client transaction ran once and reported its outcome"] = outcome.epoch >= 0
 
     def _show_recovery(self) -> None:
         log = self.log_path.read_text(errors="replace")
@@ -215,6 +287,22 @@ class _Demo:
                 f"worker {worker} resumed from snapshot ssid={ssid} and replayed {records} "
                 f"command-log records in {float(seconds):.2f} s"
             )
+
+    def _history(self, spark: SparkSession) -> list[tuple[int, int, int]]:
+        """``(ssid, accounts, money)`` of every snapshot, by a Spark SQL query over the views
+        epochal registers, shown as a table."""
+        register_views(spark, self.app, str(self.warehouse))
+        query = ("SELECT _ssid AS ssid, count(*) AS accounts, sum(balance) AS money "
+                 "FROM account_history GROUP BY _ssid ORDER BY _ssid")  # fmt: skip
+        _, rows = query_rows(spark, query)
+        table = Table(title=f"spark.sql({query!r})")
+        for column in ("ssid", "accounts", "money"):
+            table.add_column(column)
+        shown = rows if len(rows) <= 6 else [*rows[:3], ["…", "…", "…"], *rows[-3:]]
+        for ssid, accounts, money in shown:
+            table.add_row(str(ssid), str(accounts), str(money))
+        self.console.print(table)
+        return [(int(r[0]), int(r[1]), int(r[2])) for r in rows]
 
     def _report(self, spark: SparkSession, rounds: list[dict[str, Any]]) -> int:
         from deltalake import DeltaTable
@@ -241,6 +329,7 @@ class _Demo:
             )
             engine, epochs = replay_command_log(self.app, logged, restored=oldest)
         newest = self.snapshots.manifests()[-1]
+        history = self._history(spark)
 
         table = Table(title=f"balances ({ACCOUNTS} accounts, first 8)")
         for column in ("account", f"snapshot {first.ssid} (time travel, Spark)",
@@ -249,11 +338,17 @@ class _Demo:
         for account in self.accounts[:8]:
             table.add_row(account, str(by_spark.get(account)), str(balances.get(account)))
         self.console.print(table)
-        sources = [r.source.offset for r in self.egress if r.source is not None]
+        sources = [(r.source.partition, r.source.offset) for r in self._transfers() if r.source]
+        submitted = [r for r in self.egress if r.request_id == self.submitted]
         transfers = 2 * TRANSFERS_PER_ROUND
         checks = {
+            **self.checks,
             "every transfer has exactly one receipt or abort report, across the kill":
-                len(self.egress) == len(set(sources)) == transfers,
+                len(sources) == len(set(sources)) == transfers,
+            "the client transaction has exactly one receipt, and nothing else came out":
+                len(submitted) == 1 and len(self.egress) == transfers + 1,
+            f"Spark SQL over the history of all {len(history)} snapshots: money conserved in "
+            "each": bool(history) and all(total == count * OPENING for _, count, total in history),
             "money conserved in both snapshots": all(
                 sum(v) == ACCOUNTS * OPENING
                 for v in (by_delta_rs.values(), balances.values())
@@ -274,3 +369,18 @@ class _Demo:
         ok = all(checks.values())
         self.console.print("[green]✓ demo finished[/]" if ok else "[red]✗ demo found a problem[/]")
         return 0 if ok else 1
+
+
+def _free_port_pair() -> int:
+    """Two adjacent free ports for the two workers' query servers, from 7700 up."""
+    import socket
+
+    for port in range(7700, 7800, 2):
+        try:
+            for candidate in (port, port + 1):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+    raise EpochalError("no two adjacent free ports between 7700 and 7800 for live queries")
