@@ -314,7 +314,8 @@ class EgressWatcher(threading.Thread):
         self.consumer.close()
 
 
-def _percentiles(values: Sequence[float]) -> dict[str, float]:
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    """p50, p99 and max of ``values`` (NaN when there are none)."""
     ordered = sorted(values)
     if not ordered:
         return {"p50": float("nan"), "p99": float("nan"), "max": float("nan")}
@@ -364,8 +365,8 @@ def run_steady(
         "out": len(latencies.out) - 1,
         "counted": len(counted),
         "missing": len(counted) - len(done),
-        "latency_ms": _percentiles(by_ts),
-        "seen_latency_ms": _percentiles(by_seen),
+        "latency_ms": percentiles(by_ts),
+        "seen_latency_ms": percentiles(by_seen),
     }
 
 

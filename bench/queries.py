@@ -58,10 +58,11 @@ from bench.bank import (
     _Cluster,
     console,
     feed_at_rate,
+    percentiles,
     produce,
     produce_events,
 )
-from bench.query_load import LEVELS, Cell, CellResult, Target, client_process, percentiles
+from bench.query_load import LEVELS, Cell, CellResult, Target, client_process
 from epochal.config import (
     CacheConfig,
     KafkaConfig,

@@ -17,16 +17,17 @@ import random
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.bank import percentiles
 from epochal.actors.query_client import COMMITTED, LIVE, SERIALIZABLE, SNAPSHOT, QueryClient
 from epochal.config import KafkaConfig, SnapshotConfig
 from epochal.recovery.snapshot_reads import SnapshotReader
 from examples.bank.app import ACCOUNTS, Account, account_key, app
 
-__all__ = ["LEVELS", "Cell", "CellResult", "Target", "client_process", "key_sets", "percentiles"]
+__all__ = ["LEVELS", "Cell", "CellResult", "Target", "client_process", "key_sets"]
 
 LEVELS = ("live", "committed", "serializable", "snapshot")
 KEY_SETS = 256
@@ -93,18 +94,6 @@ class CellResult:
         row = dataclasses.asdict(self)
         row |= row.pop("cell") | {"qps": self.qps, "keys_per_s": self.keys_per_s}
         return row
-
-
-def percentiles(values: Sequence[float]) -> dict[str, float]:
-    """p50, p99 and max of ``values`` (NaN when there are none)."""
-    ordered = sorted(values)
-    if not ordered:
-        return {"p50": float("nan"), "p99": float("nan"), "max": float("nan")}
-    return {
-        "p50": ordered[int(0.50 * len(ordered))],
-        "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-        "max": ordered[-1],
-    }
 
 
 def key_sets(keys: int, count: int = KEY_SETS, seed: int = 7) -> list[list[str]]:
