@@ -231,6 +231,7 @@ class _Connection:
             for future in self._pending.values():
                 if not future.done():
                     future.set_exception(_Retry(f"the connection to {self.address} was lost"))
+                    future.exception()  # seen: a caller that gave up on it must not be warned
             self._pending.clear()
 
     async def close(self) -> None:

@@ -130,19 +130,22 @@ def test_committed_serializable_and_snapshot_reads_across_a_kill_9(
             time.sleep(2)
         cluster.wait_for_egress()
 
-        # read-your-writes: a client transaction, then a serializable read
-        before = client.get_many(Account, [3, 4], isolation=SERIALIZABLE)
-        outcome = client.submit("transfer", Transfer(3, 4, 7), request_id="move-7").result()
+        # read-your-writes: a client transaction, then a serializable read (from the richest
+        # account: the random transfers may have emptied any given one)
+        balances = {key: account.balance for key, account in client.scan(Account)}
+        rich = max(balances, key=balances.__getitem__)
+        other = next(key for key in balances if key != rich)
+        before = client.get_many(Account, [rich, other], isolation=SERIALIZABLE)
+        move = Transfer(rich, other, 7)
+        outcome = client.submit("transfer", move, request_id="move-7").result()
         assert outcome.committed, outcome.reason
-        now = client.get_many(Account, [3, 4], isolation=SERIALIZABLE)
-        assert now[3].balance == before[3].balance - 7
-        assert now[4].balance == before[4].balance + 7
-        again = client.submit("transfer", Transfer(3, 4, 7), request_id="move-7").result()
+        now = client.get_many(Account, [rich, other], isolation=SERIALIZABLE)
+        assert now[rich].balance == before[rich].balance - 7
+        assert now[other].balance == before[other].balance + 7
+        again = client.submit("transfer", move, request_id="move-7").result()
         assert (again.epoch, again.seq, again.committed) == (outcome.epoch, outcome.seq, True)
-        assert client.get(Account, 3, isolation=SERIALIZABLE).balance == now[3].balance
-        refused = client.submit(
-            "transfer", Transfer(3, 3, 1)
-        ).result()  # the handler raises: aborted
+        assert client.get(Account, rich, isolation=SERIALIZABLE).balance == now[rich].balance
+        refused = client.submit("transfer", Transfer(rich, rich, 1)).result()  # the handler raises
         assert not refused.committed and "transfer to itself" in refused.reason
 
         # a retained snapshot through the client equals Spark's VERSION AS OF for its ssid
