@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from pyspark.sql import SparkSession
 
 from epochal.config import (
@@ -27,6 +28,11 @@ from epochal.config import (
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.client import KafkaClients
 from epochal.log.local_broker import LocalBroker
+
+# Property tests share 2 cores with a broker, clusters and Spark: a per-example deadline would
+# time the machine, not the code. Tests set their own example counts.
+settings.register_profile("epochal", deadline=None)
+settings.load_profile("epochal")
 
 
 def free_ports(count: int) -> int:
