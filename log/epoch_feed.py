@@ -85,19 +85,27 @@ class EpochFeedServer:
         self._listener = socket.create_server((host, int(port)), reuse_port=False)
         self._peers: dict[int, socket.socket] = {}
 
-    def accept(self, timeout_s: float) -> FeedHello:
-        """Wait for every worker of this generation; the snapshot they all resumed from."""
+    def accept(
+        self, timeout_s: float, stopping: Callable[[], bool] = lambda: False
+    ) -> FeedHello | None:
+        """Wait for every worker of this generation; the snapshot they all resumed from. None
+        if ``stopping()`` became True first: a worker that cannot start is no reason to make
+        the stop wait out the timeout."""
         deadline = time.monotonic() + timeout_s
         hellos: dict[int, FeedHello] = {}
         decoder = msgspec.msgpack.Decoder(FeedHello)
         while len(hellos) < self.workers:
-            self._listener.settimeout(max(0.01, deadline - time.monotonic()))
+            if stopping():
+                return None
+            self._listener.settimeout(max(0.01, min(_WAIT_S, deadline - time.monotonic())))
             try:
                 conn, _ = self._listener.accept()
                 conn.settimeout(max(0.01, deadline - time.monotonic()))
                 (length,) = _LENGTH.unpack(_read_exactly(conn, _LENGTH.size))
                 hello = decoder.decode(_read_exactly(conn, min(length, _MAX_FRAME)))
             except TimeoutError as exc:
+                if time.monotonic() < deadline:
+                    continue
                 raise LogError("workers did not connect to the epoch feed in time",
                                connected=sorted(hellos), workers=self.workers) from exc  # fmt: skip
             except (OSError, msgspec.DecodeError, struct.error):

@@ -156,10 +156,14 @@ class Sequencer:
             feed = EpochFeedServer(self.config.feed, self.config.workers, self.config.generation)
             producer = self.clients.producer(**{"enable.idempotence": True, "linger.ms": 0})
             try:
-                state = self._resume_from_workers(feed)
+                resumed = self._resume_from_workers(feed, should_stop)
             except BaseException:
                 feed.close()
                 raise
+            if resumed is None:
+                feed.close()
+                return  # told to stop before every worker was there
+            state = resumed
         else:
             producer = self._producer()  # fences an older sequencer: before anything is read
             state = self._resume()
@@ -213,9 +217,14 @@ class Sequencer:
         record = last.record
         return _State(record.epoch + 1, record.now_ms, dict(record.next_offsets), window)
 
-    def _resume_from_workers(self, feed: EpochFeedServer) -> _State:
-        """Weak mode: go on from the snapshot every worker resumed from (or the very start)."""
-        hello = feed.accept(self.config.feed_timeout_ms / 1000)
+    def _resume_from_workers(
+        self, feed: EpochFeedServer, should_stop: Callable[[], bool]
+    ) -> _State | None:
+        """Weak mode: go on from the snapshot every worker resumed from (or the very start);
+        None if told to stop first."""
+        hello = feed.accept(self.config.feed_timeout_ms / 1000, should_stop)
+        if hello is None:
+            return None
         logger.info("workers on the epoch feed ssid=%d next_epoch=%d", hello.ssid,
                     hello.next_epoch)  # fmt: skip
         window = RequestWindow(self.config.request_id_window_ms)

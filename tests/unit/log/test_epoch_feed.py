@@ -38,6 +38,7 @@ def test_every_worker_gets_every_epoch_in_order_after_saying_where_it_resumed() 
     stale = _connect(address, [_hello(0, generation=1)])  # a zombie of the last generation
     feeds = _connect(address, [_hello(1), _hello(0)])
     hello = server.accept(10.0)
+    assert hello is not None
     assert (hello.worker, hello.ssid, hello.next_epoch, hello.positions) == (
         0, 7, 8, {"app.in.x:0": 42},
     )  # fmt: skip
@@ -87,6 +88,20 @@ def test_a_worker_that_never_connects_and_one_that_leaves_are_errors() -> None:
     with pytest.raises(FeedClosed, match="left"):
         for epoch in range(1000):  # the broken connection shows on a send
             server.send(_record(epoch, txns=50))
+    server.close()
+    only.close()
+
+
+def test_a_stop_while_waiting_for_workers_ends_the_wait_at_once() -> None:
+    """A worker that failed to start never connects: the sequencer's stop must not wait out
+    the feed timeout."""
+    address = f"127.0.0.1:{free_ports(1)}"
+    server = EpochFeedServer(address, workers=2, generation=2)
+    (only,) = _connect(address, [_hello(0)])
+    told = time.monotonic() + 0.3
+    started = time.monotonic()
+    assert server.accept(30.0, stopping=lambda: time.monotonic() > told) is None
+    assert time.monotonic() - started < 5.0, "the stop waited for the timeout"
     server.close()
     only.close()
 
