@@ -99,6 +99,7 @@ class App:
     handlers: dict[str, Handler] = field(default_factory=dict)
     _by_class: dict[type, ActorType] = field(default_factory=dict, repr=False)
     _by_fn: dict[Callable[..., Any], Handler] = field(default_factory=dict, repr=False)
+    _code_hash: tuple[tuple[object, ...], str] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         from epochal.actors.serializable import READ_HANDLER, ReadKeys, read_handler_parts
@@ -281,11 +282,16 @@ class App:
         return Routed(handler.name, data, keys)
 
     def code_hash(self) -> str:
-        """A hash of the app's code: see :mod:`epochal.actors.code_hash` for what it covers."""
+        """A hash of the app's code: see :mod:`epochal.actors.code_hash` for what it covers.
+        Computed once for the actor types and handlers registered (it reads and parses
+        source files): the code a process runs is the code it loaded."""
         objects: list[Any] = [a.state for a in self.actor_types.values()]
         objects += [h.fn for h in self.handlers.values()]
         objects += [h.event for h in self.handlers.values()]
-        return code_hash(objects)
+        registered = tuple(objects)
+        if self._code_hash is None or self._code_hash[0] != registered:
+            self._code_hash = (registered, code_hash(objects))
+        return self._code_hash[1]
 
 
 def _loggable(key: ActorKey) -> bool:

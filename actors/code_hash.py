@@ -15,6 +15,7 @@ It does not cover epochal's own version, the Python version, data files or the e
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -22,7 +23,7 @@ import inspect
 import site
 import sys
 import sysconfig
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -86,12 +87,20 @@ def _kind(name: str, module: ModuleType) -> str:
     return "app"
 
 
+@functools.cache
+def _distributions_by_package() -> Mapping[str, list[str]]:
+    """Which installed distributions provide each top-level package: a scan of every
+    distribution's metadata (about half a second), so once per process: what is installed does
+    not change under a running app."""
+    return importlib.metadata.packages_distributions()
+
+
 def app_modules(objects: Iterable[object]) -> tuple[dict[str, str], set[str]]:
     """The app's modules (name → source) and the installed distributions they import."""
     pending = [m for m in map(inspect.getmodule, objects) if m is not None]
     sources: dict[str, str] = {}
     distributions: set[str] = set()
-    by_package = importlib.metadata.packages_distributions()
+    by_package = _distributions_by_package()
     while pending:
         module = pending.pop()
         if module.__name__ in sources:

@@ -183,6 +183,33 @@ def test_the_code_hash_covers_modules_the_handlers_import_and_library_versions(
     assert _hash() != before
 
 
+def test_the_code_hash_is_read_once_per_app_and_again_when_the_app_grows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hashing reads and parses source files (a weak recovery job once did it per epoch)."""
+    import epochal.actors.api
+
+    computed: list[str] = []
+    real = epochal.actors.api.code_hash
+
+    def counting(objects: Any) -> str:
+        computed.append(real(objects))
+        return computed[-1]
+
+    monkeypatch.setattr(epochal.actors.api, "code_hash", counting)
+    app = App("grow")
+
+    class Counter(msgspec.Struct):
+        count: int = 0
+
+    app.actor(key=str)(Counter)
+    first = app.code_hash()
+    assert [app.code_hash() for _ in range(3)] == [first] * 3 and len(computed) == 1
+    app.transaction(topic="t", event=Untagged, keys=lambda e: {Counter: [e.key]})(_noop)
+    app.code_hash()
+    assert len(computed) == 2, "a handler registered later is hashed"
+
+
 def test_actor_fields_that_would_clash_with_snapshot_columns_are_refused() -> None:
     class Clashing(msgspec.Struct):
         _key: str = ""
