@@ -24,6 +24,7 @@ from confluent_kafka import Producer
 from epochal.actors.api import App
 from epochal.actors.oracle import SerialOracle
 from epochal.config import SnapshotConfig
+from epochal.errors import LogError
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import KafkaCommandLog
 from epochal.recovery.snapshots import DeltaSnapshots
@@ -153,14 +154,21 @@ class Cluster:
             self.produced += len(values)
 
     def read(self, suffix: str, timeout_s: float = 1.0) -> list[bytes]:
-        """Every committed record of ``<app>.<suffix>`` so far."""
-        consumer = self.kafka.assigned_consumer(
-            f"{self.name}.{suffix}", {0: 0}, **{"isolation.level": "read_committed"}
-        )
+        """Every committed record of ``<app>.<suffix>`` so far: up to its end now, or up to a
+        transaction still open after ``timeout_s`` (a killed writer's, until it is fenced)."""
+        topic = f"{self.name}.{suffix}"
         values: list[bytes] = []
-        while batch := consumer.consume(10_000, timeout_s):
-            values += [m.value() or b"" for m in batch if m.error() is None]
-        consumer.close()
+        try:
+            ranges = {0: (0, self.kafka.end_offset(topic))}
+        except LogError:
+            return values  # no such topic yet: a writer creates it with its first record
+        try:
+            for message in self.kafka.read_range(topic, ranges, f"reading {topic}",
+                                                 stall_s=timeout_s):  # fmt: skip
+                values.append(message.value() or b"")
+        except LogError as exc:
+            if "stopped arriving" not in str(exc):
+                raise
         return values
 
     def egress(self) -> list[EgressRecord]:
