@@ -159,7 +159,10 @@ class Worker:
         resumed = await self._resume(engine)
         if peers is not None:
             peers.resumed = resumed.ssid if resumed else -1
-        writers = self._open_egress(engine)
+        # off the loop: fencing the last generation's producers waits for the broker to abort
+        # their open transactions, and a loop blocked past the failure bound leaves the group
+        loop = asyncio.get_running_loop()
+        writers = await loop.run_in_executor(None, self._open_egress, engine)
         taking = _Snapshotting(self, engine, peers, writers) if self.snapshots is not None else None
         if peers is not None:
             await peers.start()
