@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -141,29 +142,41 @@ def carried_of(manifest: Manifest) -> list[Emitted]:
 
 
 class _Background:
-    """One thread doing one kind of work in order, and the first error it met."""
+    """One thread doing one kind of work in order, and the first error it met.
+
+    Once closed it takes no more work and hands no more results back: a worker that stops
+    drops what its snapshot threads were still doing, as a crash would (a part written but
+    never committed is never seen). ``close`` may run on any thread while the loop goes on
+    delivering what finished before it, so the closed flag is read and set under a lock.
+    """
 
     def __init__(self, name: str) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._lock = threading.Lock()
+        self._closed = False
         self.error: BaseException | None = None
         self.pending = 0
 
     def run(self, work: Callable[[], T], then: Callable[[T], None]) -> None:
-        """``work()`` on the thread, then ``then(result)`` back on the loop."""
+        """``work()`` on the thread, then ``then(result)`` back on the loop (neither once
+        closed)."""
         loop = asyncio.get_running_loop()
-        self.pending += 1
 
         def done(future: Future[T]) -> None:
             def on_loop() -> None:
                 self.pending -= 1
                 if future.exception() is not None:
                     self.error = self.error or future.exception()
-                else:
+                elif not self._closed:
                     then(future.result())
 
             loop.call_soon_threadsafe(on_loop)
 
-        self._pool.submit(work).add_done_callback(done)
+        with self._lock:
+            if self._closed:
+                return
+            self.pending += 1
+            self._pool.submit(work).add_done_callback(done)
 
     def check(self) -> None:
         """Raise the thread's error on the loop, where it stops the worker (and rolls back)."""
@@ -171,6 +184,9 @@ class _Background:
             raise self.error
 
     def close(self) -> None:
+        """Take no more work, and wait for what the thread is doing."""
+        with self._lock:
+            self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=False)
 
 
