@@ -130,7 +130,10 @@ class KafkaClients:
     def watermarks(
         self, topic: str, partition: int = 0, timeout_s: float = 10.0
     ) -> tuple[int, int]:
-        """``(low, high)``: the first offset a partition still holds, and the next one it gives."""
+        """``(low, high)``: the first offset a partition still holds, and the next one it gives
+        a committed reader: its last stable offset, before any transaction still open. (A
+        transaction's commit returns before the broker has written its markers, so the one a
+        producer just committed may take a moment to count.)"""
         consumer = self.consumer()
         try:
             low, high = consumer.get_watermark_offsets(

@@ -259,15 +259,22 @@ def _group_offsets(kafka: KafkaClients, group: str) -> list[TopicPartition]:
 def _write_log(
     kafka: KafkaClients, name: str, records: list[EpochRecord], chunk_bytes: int
 ) -> None:
-    """Epochs appended as a sequencer would, 500 to a Kafka transaction."""
+    """Epochs appended as a sequencer would, 500 to a Kafka transaction; returns once a
+    committed reader sees them all (the commit returns before the broker has written the
+    transaction's markers, and until then the log's stable end is still before it)."""
+    topic = f"{name}.cmd"
+    end = kafka.end_offset(topic)
     producer = kafka.producer(**{"transactional.id": f"{name}.writer"})
     producer.init_transactions(WAIT_S)
     for start in range(0, len(records), 500):
         producer.begin_transaction()
         for record in records[start : start + 500]:
             for chunk in chunk_epoch(record, chunk_bytes):
-                producer.produce(f"{name}.cmd", chunk)
+                producer.produce(topic, chunk)
+                end += 1
         producer.commit_transaction(WAIT_S)
+        end += 1  # the commit marker
+    _wait_for(lambda: kafka.end_offset(topic) == end, "the log's markers")
 
 
 def test_resume_reads_only_the_tail_of_a_long_command_log_and_keeps_now_monotonic(
