@@ -123,18 +123,23 @@ class KafkaClients:
         finally:
             consumer.close()
 
-    def end_offset(self, topic: str, partition: int = 0, timeout_s: float = 10.0) -> int:
-        """The offset the next record of a partition will get (its high watermark)."""
-        return self.watermarks(topic, partition, timeout_s)[1]
+    def end_offset(
+        self, topic: str, partition: int = 0, timeout_s: float = 10.0, committed: bool = True
+    ) -> int:
+        """The offset the next record of a partition will get (see :meth:`watermarks`)."""
+        return self.watermarks(topic, partition, timeout_s, committed)[1]
 
     def watermarks(
-        self, topic: str, partition: int = 0, timeout_s: float = 10.0
+        self, topic: str, partition: int = 0, timeout_s: float = 10.0, committed: bool = True
     ) -> tuple[int, int]:
         """``(low, high)``: the first offset a partition still holds, and the next one it gives
-        a committed reader: its last stable offset, before any transaction still open. (A
-        transaction's commit returns before the broker has written its markers, so the one a
-        producer just committed may take a moment to count.)"""
-        consumer = self.consumer()
+        a reader. With ``committed`` that is its last stable offset, before any transaction
+        still open (and a transaction's commit returns before the broker has written its
+        markers, so the one a producer just committed may take a moment to count); without,
+        its high watermark."""
+        consumer = self.consumer(
+            **{"isolation.level": "read_committed" if committed else "read_uncommitted"}
+        )
         try:
             low, high = consumer.get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=timeout_s

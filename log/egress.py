@@ -83,7 +83,7 @@ def read_egress_state(
     topic = TopicNames(app).egress_positions
     layout: EgressLayout | None = None
     positions: dict[int, EgressPosition] = {}
-    end = clients.end_offset(topic)
+    end = clients.end_offset(topic, committed=committed)  # past a zombie's open one, if not
     for message in clients.read_range(topic, {0: (0, end)}, "reading egress positions",
                                       committed, timeout_s):  # fmt: skip
         key, value = message.key(), message.value() or b""

@@ -21,7 +21,13 @@ from epochal.actors.egress import prepare_egress
 from epochal.actors.engine import LocalEngine
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import chunk_epoch
-from epochal.log.egress import EgressWriter, read_egress_state, write_layout
+from epochal.log.egress import (
+    EgressWriter,
+    ensure_positions_topic,
+    read_egress_state,
+    write_layout,
+)
+from epochal.log.topics import TopicNames
 from epochal.schemas.codec import decode
 from epochal.schemas.egress import EgressLayout, EgressRecord
 from tests.integration.cluster import Cluster, gone, wait_until
@@ -141,3 +147,24 @@ def test_a_command_log_truncated_anyway_stops_the_cluster_naming_what_is_missing
     log = cluster.log()
     assert "cannot go on" in log
     assert f"topic={cluster.name}.cmd, partition=0" in log and "missing=0..2" in log
+
+
+def test_the_supervisor_sees_a_layout_written_after_a_zombies_open_transaction(
+    kafka: KafkaClients,
+) -> None:
+    """The layout is not transactional, so the supervisor reads the positions topic without
+    waiting for open transactions: to its high watermark, not its last stable offset, which a
+    zombie writer's open transaction holds back until it is fenced or times out."""
+    name = f"zom{uuid.uuid4().hex[:8]}"
+    ensure_positions_topic(kafka, name)
+    topic = TopicNames(name).egress_positions
+    zombie = kafka.producer(**{"transactional.id": f"{name}.zombie"})
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce(topic, b"half-way", b"zombie")
+    assert zombie.flush(30) == 0
+    try:
+        write_layout(kafka, name, EgressLayout(3, 0))
+        assert read_egress_state(kafka, name, committed=False).layout == EgressLayout(3, 0)
+    finally:
+        zombie.abort_transaction(30)
