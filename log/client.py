@@ -97,8 +97,7 @@ class KafkaClients:
         pending = {p: bounds for p, bounds in ranges.items() if bounds[0] < bounds[1]}
         if not pending:
             return
-        settings = {"isolation.level": "read_committed" if committed else "read_uncommitted",
-                    "auto.offset.reset": "error"}  # fmt: skip
+        settings = {"isolation.level": _isolation(committed), "auto.offset.reset": "error"}
         consumer = self.assigned_consumer(
             topic, {p: start for p, (start, _) in pending.items()}, **settings
         )
@@ -137,9 +136,7 @@ class KafkaClients:
         still open (and a transaction's commit returns before the broker has written its
         markers, so the one a producer just committed may take a moment to count); without,
         its high watermark."""
-        consumer = self.consumer(
-            **{"isolation.level": "read_committed" if committed else "read_uncommitted"}
-        )
+        consumer = self.consumer(**{"isolation.level": _isolation(committed)})
         try:
             low, high = consumer.get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=timeout_s
@@ -300,6 +297,10 @@ class KafkaClients:
             raise translate_kafka_error(
                 exc, "no metadata answer", bootstrap=self.config.bootstrap_servers
             ) from exc
+
+
+def _isolation(committed: bool) -> str:
+    return "read_committed" if committed else "read_uncommitted"
 
 
 def _keeps_less(current: int, wanted: int) -> bool:
