@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from epochal.config import resolve_warehouse
 from epochal.errors import QueryError, SnapshotNotRetainedError
 
 if TYPE_CHECKING:
@@ -144,7 +145,7 @@ def _tables(
     spark: SparkSession, app: AppLike | str, warehouse: str, options: Mapping[str, str] | None
 ) -> _Tables:
     name = app if isinstance(app, str) else app.name
-    return _Tables(spark, warehouse, name, dict(options or {}))
+    return _Tables(spark, resolve_warehouse(warehouse), name, dict(options or {}))
 
 
 def register_views(

@@ -7,8 +7,10 @@ points only. Units are in the field names (``_ms``, ``_s``); secrets are redacte
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -19,12 +21,14 @@ __all__ = [
     "CacheConfig",
     "FailureConfig",
     "KafkaConfig",
+    "Listener",
     "LocalBrokerConfig",
     "SequencerConfig",
     "SnapshotConfig",
     "SparkConfig",
     "WorkerConfig",
     "cache_dir_from_env",
+    "resolve_warehouse",
 ]
 
 _SECRET_MARKERS = ("password", "secret", "jaas", "token", "key.pem", "credentials")
@@ -41,6 +45,65 @@ def cache_dir_from_env() -> Path:
     """Where jars and local brokers live: ``$EPOCHAL_CACHE``, else ``~/.cache/epochal``."""
     configured = os.environ.get("EPOCHAL_CACHE")
     return Path(configured) if configured else Path.home() / ".cache" / "epochal"
+
+
+# Schemes whose stores delta-rs and pyarrow both reach (credentials as storage options).
+_OBJECT_STORE_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss"})
+
+
+def resolve_warehouse(location: str) -> str:
+    """The one form of a warehouse every process and library reads alike.
+
+    A path (relative, ``~``, absolute) or a ``file://`` URI becomes an absolute path: the
+    workers, Spark and delta-rs each resolve a relative one against their own working directory
+    or take it for a URI, so only an absolute one means the same to all. Object-store URIs
+    (``s3://``, ``gs://``, ``az://``, ``abfss://``, ...) stay as they are; any other scheme is
+    refused here, at start, rather than by the first snapshot.
+
+    >>> resolve_warehouse("file:///tmp/w/")
+    '/tmp/w'
+    >>> resolve_warehouse("s3://bucket/w/")
+    's3://bucket/w'
+    """
+    text = location.strip()
+    if not text:
+        raise ConfigError("the warehouse is empty: give a path or a URI", warehouse=location)
+    scheme, sep, _ = text.partition("://")
+    if not sep:
+        return os.path.abspath(os.path.expanduser(text))
+    scheme = scheme.lower()
+    if scheme == "file":
+        parsed = urllib.parse.urlparse(text)
+        if parsed.netloc not in ("", "localhost"):
+            raise ConfigError(
+                "a file:// warehouse names a path on this host (file:///path)", warehouse=location
+            )
+        return os.path.abspath(urllib.parse.unquote(parsed.path))
+    if scheme in _OBJECT_STORE_SCHEMES:
+        return text.rstrip("/")
+    known = ", ".join(f"{s}://" for s in sorted(_OBJECT_STORE_SCHEMES))
+    raise ConfigError(
+        f"the warehouse's scheme {scheme}:// is not supported: give a path, file://, or {known}",
+        warehouse=location,
+    )
+
+
+class Listener(Enum):
+    """What a port is for, and the flag that chooses it: one wording for the check at start and
+    for a bind that fails later."""
+
+    PEERS = ("connections from peer workers", "--port-base or --peers")
+    QUERIES = ("live queries", "--query-port")
+    METRICS = ("Prometheus metrics", "--metrics-port")
+    FEED = ("the weak-mode epoch feed", "--feed")
+
+    @property
+    def purpose(self) -> str:
+        return self.value[0]
+
+    @property
+    def flag(self) -> str:
+        return self.value[1]
 
 
 @dataclass(frozen=True)
@@ -184,8 +247,9 @@ class SequencerConfig:
 class SnapshotConfig:
     """Where snapshots go, and how many are kept.
 
-    ``warehouse`` is a path or any URI delta-rs takes (``s3://bucket/warehouse``); each app's
-    tables live under ``<warehouse>/<app>/``. ``storage_options`` pass to delta-rs (object-store
+    ``warehouse`` is a path or URI (``s3://bucket/warehouse``), kept in the form
+    :func:`resolve_warehouse` gives it (a path made absolute); each app's tables live under
+    ``<warehouse>/<app>/``. ``storage_options`` pass to delta-rs (object-store
     credentials; redacted in ``repr``). The newest ``keep`` snapshots are kept, and any younger
     than ``keep_ms`` (0: no age rule); the command log and input topics are kept back to the
     oldest one kept and trimmed before it (``keep_inputs``: leave the input topics to their own
@@ -204,6 +268,7 @@ class SnapshotConfig:
     recovery: str = "strong"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "warehouse", resolve_warehouse(self.warehouse))
         if self.recovery not in ("strong", "weak"):
             raise ConfigError("the recovery mode is strong or weak", recovery=self.recovery)
 

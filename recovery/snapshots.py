@@ -37,6 +37,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, Field, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction
 
 from epochal.actors.api import App
@@ -120,6 +121,17 @@ class Warehouse:
     @property
     def options(self) -> dict[str, str] | None:
         return dict(self.storage_options) if self.storage_options else None
+
+    def files(self, uri: str) -> tuple[pafs.FileSystem, str]:
+        """A filesystem for the Parquet files under ``uri`` (a table of this warehouse), and
+        ``uri``'s path in it: a local path as it is; any other URI through delta-rs's object
+        store, so the files go where the Delta commits do, with the same storage options
+        (pyarrow's own ``from_uri`` would not see them)."""
+        if "://" not in self.root:
+            return pafs.LocalFileSystem(), uri
+        root = self.root.rstrip("/")
+        handler = DeltaStorageHandler(root, self.options)
+        return pafs.PyFileSystem(handler), uri.removeprefix(root).strip("/")
 
 
 def _manifest_row(manifest: Manifest) -> pa.Table:
@@ -262,7 +274,7 @@ class DeltaSnapshots:
         self, root: str, table: pa.Table, worker: int, name: str = ""
     ) -> tuple[str, int]:
         name = name or f"part-w{worker}-{uuid.uuid4().hex}.parquet"
-        filesystem, path = pafs.FileSystem.from_uri(root)
+        filesystem, path = self.warehouse.files(root)
         filesystem.create_dir(path, recursive=True)
         pq.write_table(table, f"{path}/{name}", filesystem=filesystem)
         return name, int(filesystem.get_file_info(f"{path}/{name}").size)
@@ -328,7 +340,7 @@ class DeltaSnapshots:
             return {}
         outcomes = outcomes_table(reports)
         root = self.warehouse.log("commands")
-        filesystem, path = pafs.FileSystem.from_uri(root)
+        filesystem, path = self.warehouse.files(root)
         joined: dict[str, LogFile] = {}
         for part in parts:
             for file in part.logs:
@@ -354,7 +366,7 @@ class DeltaSnapshots:
         them (a crash before leaves them behind, never read)."""
         if not joined:
             return
-        filesystem, path = pafs.FileSystem.from_uri(self.warehouse.log("commands"))
+        filesystem, path = self.warehouse.files(self.warehouse.log("commands"))
         for name in joined:
             try:
                 filesystem.delete_file(f"{path}/{name}")
@@ -401,7 +413,7 @@ class DeltaSnapshots:
 
     def _merge_state(self, actor_type: str, files: list[ChangeFile]) -> tuple[int, int]:
         """Upsert and delete the changed actors into ``state/<type>``; (version, actors added)."""
-        filesystem, root = pafs.FileSystem.from_uri(self.warehouse.changes(actor_type))
+        filesystem, root = self.warehouse.files(self.warehouse.changes(actor_type))
         changes = pa.concat_tables(
             [pq.read_table(f"{root}/{f.path}", filesystem=filesystem) for f in files]
         )
