@@ -21,6 +21,8 @@ logs them and the engine routes by them; touching another key aborts the transac
 
 from __future__ import annotations
 
+import importlib
+import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
@@ -29,7 +31,7 @@ import msgspec
 import msgspec.inspect
 
 from epochal.actors.code_hash import code_hash
-from epochal.errors import ConfigError, SchemaError, describe_exception
+from epochal.errors import ConfigError, EpochalError, SchemaError, describe_exception
 from epochal.log.ordering import Routed
 from epochal.log.topics import TopicNames
 from epochal.schemas.arrow import RESERVED_COLUMNS
@@ -321,15 +323,27 @@ def _check_decodable(record_type: Any, what: str) -> None:
         ) from exc
 
 
+_IMPORT_MACHINERY = ("<frozen", importlib.__file__.rpartition("/")[0])
+
+
 def load_app(spec: str, name: str | None = None) -> App:
     """The App at ``module:attribute`` (``examples.bank.app:app``); ``name`` renames its topics."""
-    import importlib
 
     module_name, _, attribute = spec.partition(":")
     try:
         app = getattr(importlib.import_module(module_name), attribute or "app")
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load the app: {exc}", app=spec) from exc
+    except EpochalError:
+        raise  # the app's own registration refused it, and says why
+    except Exception as exc:  # the user's module failed to import: say where, in one line
+        frames = [
+            frame
+            for frame in traceback.extract_tb(exc.__traceback__)
+            if frame.filename != __file__ and not frame.filename.startswith(_IMPORT_MACHINERY)
+        ]
+        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else None
+        raise ConfigError(
+            f"cannot load the app: {describe_exception(exc)}", app=spec, at=where
+        ) from exc
     if not isinstance(app, App):
         raise ConfigError("not an epochal App", app=spec)
     if name:

@@ -28,7 +28,8 @@ import msgspec
 from epochal.actors.api import ActorType, App
 from epochal.actors.engine import Engine
 from epochal.actors.framing import FrameBuffer, framed, split_address
-from epochal.errors import ConfigError, EpochalError, QueryError, SchemaError
+from epochal.config import Listener
+from epochal.errors import BindError, ConfigError, EpochalError, QueryError, SchemaError
 from epochal.metrics import Metrics
 from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.commands import ActorKey, KeyRef
@@ -121,9 +122,14 @@ class QueryServer:
 
     async def start(self) -> None:
         host, port = split_address(self.endpoints[self.engine.worker])
-        self._server = await asyncio.start_server(
-            self._serve, host, port, ssl=self.tls, reuse_address=True
-        )
+        try:
+            self._server = await asyncio.start_server(
+                self._serve, host, port, ssl=self.tls, reuse_address=True
+            )
+        except OSError as exc:
+            address = self.endpoints[self.engine.worker]
+            owner = f"worker {self.engine.worker}"
+            raise BindError.of(exc, address, Listener.QUERIES, owner) from exc
         logger.info("query server listening worker=%d address=%s:%d tls=%s",
                     self.engine.worker, host, port, self.tls is not None)  # fmt: skip
 

@@ -19,7 +19,8 @@ import msgspec
 
 from epochal.actors.framing import LENGTH, framed, split_address
 from epochal.actors.outcome import Emitted
-from epochal.errors import EpochalError
+from epochal.config import Listener
+from epochal.errors import BindError, EpochalError
 from epochal.schemas.commands import ActorKey
 from epochal.schemas.snapshots import SnapshotPart
 
@@ -141,7 +142,11 @@ class Peers:
     async def start(self) -> None:
         self.failed = asyncio.get_running_loop().create_future()
         host, port = split_address(self.addresses[self.worker])
-        self._server = await asyncio.start_server(self._serve, host, port)
+        try:
+            self._server = await asyncio.start_server(self._serve, host, port)
+        except OSError as exc:
+            address = self.addresses[self.worker]
+            raise BindError.of(exc, address, Listener.PEERS, f"worker {self.worker}") from exc
         for other, address in enumerate(self.addresses):
             if other != self.worker:
                 self._writers[other] = await self._connect(other, address)

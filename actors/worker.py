@@ -137,7 +137,8 @@ class Worker:
         if self.config.cpu is not None and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {self.config.cpu})
         if self.config.metrics_port:
-            serve_metrics(self.metrics, self.config.metrics_port + self.config.worker)
+            port = self.config.metrics_port + self.config.worker
+            serve_metrics(self.metrics, port, f"worker {self.config.worker}")
         member = worker_member(self.clients, self.config, self.app.topics.command_log)
         try:
             import uvloop

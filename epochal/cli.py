@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -35,9 +35,13 @@ from epochal.errors import ConfigError, EpochalError
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.local_broker import LocalBroker
 
+if TYPE_CHECKING:
+    from epochal.supervisor import ClusterConfig
+
 __all__ = ["main"]
 
 console = Console(stderr=True)
+_BROKER_CHECK_S = 10.0  # how long `epochal run` waits for a first answer from the broker
 
 
 def _cache(args: argparse.Namespace) -> CacheConfig:
@@ -165,11 +169,33 @@ def _run(args: argparse.Namespace) -> int:
             keep_inputs=args.keep_inputs, recovery=args.recovery,
         ),
     )  # fmt: skip
+    _check_before_start(config, args.metrics_port)
     console.print(
         f"running {args.app} as {app_name!r}: {workers} workers, {partitions} partitions, "
         f"Kafka at {args.bootstrap} (Ctrl-C or SIGTERM stops)"
     )
     return Supervisor(config).run()
+
+
+def _check_before_start(config: ClusterConfig, metrics_port: int) -> None:
+    """Ports, warehouse, broker: whatever is wrong is one line now, before anything runs."""
+    from epochal.config import Listener
+    from epochal.preflight import Binding, check_broker, check_ports, check_warehouse
+
+    worker = config.worker
+    bindings = [Binding(a, Listener.PEERS, f"worker {w}") for w, a in enumerate(worker.peers)]
+    bindings += [Binding(a, Listener.QUERIES, f"worker {w}") for w, a in enumerate(worker.query)]
+    if worker.feed:
+        bindings.append(Binding(worker.feed, Listener.FEED, "the sequencer"))
+    if metrics_port:
+        owners = [*(f"worker {w}" for w in range(worker.workers)), "the sequencer"]
+        bindings += [Binding(f"127.0.0.1:{metrics_port + i}", Listener.METRICS, owner)
+                     for i, owner in enumerate(owners)]  # fmt: skip
+    check_ports(bindings)
+    if config.snapshots is not None:
+        check_warehouse(config.snapshots, worker.app)
+    with console.status(f"checking Kafka at {config.kafka.bootstrap_servers}"):
+        check_broker(config.kafka, _BROKER_CHECK_S)
 
 
 def _query_endpoints(args: argparse.Namespace, workers: int) -> tuple[str, ...]:
@@ -533,8 +559,23 @@ def _recovery_commands(commands: Any, app_flags: Callable[[argparse.ArgumentPars
     listing.set_defaults(handler=_snapshots)
 
 
+class _ShowDefaults(argparse.HelpFormatter):
+    """``--help`` gives every option's default, unless its help already says it (a default
+    worked out at run time: cores, $EPOCHAL_QUERY_TOKEN) or there is none to give."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        unset = default is None or default is False or default is argparse.SUPPRESS or default == []
+        if not action.option_strings or unset or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="epochal", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="epochal", description=__doc__.splitlines()[0], formatter_class=_ShowDefaults
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     parser.add_argument(
         "--cache", help="jar and broker cache (default $EPOCHAL_CACHE or ~/.cache/epochal)"
@@ -588,6 +629,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--warehouse", default="warehouse", help="Delta warehouse root")
     broker_flags(demo)
     demo.set_defaults(handler=_demo)
+    for command in commands.choices.values():
+        command.formatter_class = _ShowDefaults
     return parser
 
 
@@ -620,7 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.handler(args)
     except EpochalError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
+        console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         return 1
     return code
 

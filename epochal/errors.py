@@ -7,6 +7,7 @@ Users catch these, never a library's exception type: ``log/`` translates conflue
 
     EpochalError
     ├── ConfigError                 bad or missing configuration, tools or files (java, jars, ports)
+    │   └── BindError               a port to listen on is taken or not ours
     ├── LogError                    Kafka
     │   ├── BrokerUnavailableError  the broker does not answer
     │   └── LocalBrokerError        the local dev broker cannot be started or stopped
@@ -28,9 +29,14 @@ a reason string.
 
 from __future__ import annotations
 
-from typing import Any
+import errno
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from epochal.config import Listener
 
 __all__ = [
+    "BindError",
     "BrokerUnavailableError",
     "ConfigError",
     "EpochalError",
@@ -70,6 +76,27 @@ class EpochalError(Exception):
 
 class ConfigError(EpochalError):
     """Configuration, a required tool (java, mvn) or a required file (jars) is wrong or missing."""
+
+
+class BindError(ConfigError):
+    """A server could not listen on its port: which port, for what, and what to do.
+
+    >>> from epochal.config import Listener
+    >>> taken = OSError(errno.EADDRINUSE, "Address in use")
+    >>> print(BindError.of(taken, "127.0.0.1:7700", Listener.QUERIES, "worker 0"))
+    port 7700 on 127.0.0.1 (live queries of worker 0) is taken by another process: stop it, or
+    choose another port with --query-port
+    """
+
+    @classmethod
+    def of(cls, exc: OSError, address: str, listener: Listener, owner: str) -> BindError:
+        host, _, port = address.rpartition(":")
+        if exc.errno == errno.EADDRINUSE:
+            advice = "is taken by another process: stop it, or choose another port with"
+        else:
+            advice = f"cannot be listened on ({exc.strerror or exc}): check"
+        what = f"{listener.purpose} of {owner}"
+        return cls(f"port {port} on {host} ({what}) {advice} {listener.flag}")
 
 
 class LogError(EpochalError):

@@ -10,6 +10,9 @@ import threading
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from epochal.config import Listener
+from epochal.errors import BindError
+
 __all__ = ["Metrics", "serve_metrics"]
 
 
@@ -47,8 +50,11 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
-def serve_metrics(metrics: Metrics, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """Serve ``GET /metrics`` on ``host:port`` until the process ends."""
+def serve_metrics(
+    metrics: Metrics, port: int, owner: str, host: str = "127.0.0.1"
+) -> ThreadingHTTPServer:
+    """Serve ``GET /metrics`` on ``host:port`` until the process ends; ``owner`` (``worker 1``)
+    names the process in a BindError."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -62,6 +68,9 @@ def serve_metrics(metrics: Metrics, port: int, host: str = "127.0.0.1") -> Threa
         def log_message(self, format: str, *args: object) -> None:
             pass  # no access log on stderr
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:
+        raise BindError.of(exc, f"{host}:{port}", Listener.METRICS, owner) from exc
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

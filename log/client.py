@@ -199,15 +199,16 @@ class KafkaClients:
         config: Mapping[str, str] | None = None,
     ) -> None:
         """Create topics (with topic ``config``) and wait for them; one that exists is fine."""
+        topics = [
+            NewTopic(
+                name, num_partitions=partitions, replication_factor=1, config=dict(config or {})
+            )
+            for name in names
+        ]
+        if not topics:
+            return  # librdkafka refuses an empty request (an app with no aborts_to topic)
         admin = self.admin()
-        futures = admin.create_topics(
-            [
-                NewTopic(name, num_partitions=partitions, replication_factor=1,
-                         config=dict(config or {}))
-                for name in names
-            ],
-            operation_timeout=timeout_s,
-        )  # fmt: skip
+        futures = admin.create_topics(topics, operation_timeout=timeout_s)
         for name, future in futures.items():
             try:
                 future.result(timeout=timeout_s)

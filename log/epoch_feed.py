@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from epochal.errors import LogError
+from epochal.config import Listener
+from epochal.errors import BindError, LogError
 from epochal.log.command_log import LoggedEpoch
 from epochal.schemas.commands import EpochRecord
 
@@ -82,7 +83,10 @@ class EpochFeedServer:
         host, _, port = address.rpartition(":")
         self.workers = workers
         self.generation = generation
-        self._listener = socket.create_server((host, int(port)), reuse_port=False)
+        try:
+            self._listener = socket.create_server((host, int(port)), reuse_port=False)
+        except OSError as exc:
+            raise BindError.of(exc, address, Listener.FEED, "the sequencer") from exc
         self._peers: dict[int, socket.socket] = {}
 
     def accept(

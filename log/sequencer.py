@@ -36,8 +36,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -68,11 +69,16 @@ from epochal.metrics import Metrics, serve_metrics
 from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import ClientRequest, DeadLetter, InputRecord
 
+if TYPE_CHECKING:  # exported by confluent_kafka.admin, but not declared so for type checkers
+    from confluent_kafka.admin._metadata import ClusterMetadata
+
 __all__ = ["Sequencer"]
 
 logger = logging.getLogger(__name__)
 
 _KAFKA_TIMEOUT_S = 30.0
+_DISCOVERY_S = 5.0  # how often new topics named like inputs (or new partitions) are looked for
+_DISCOVERY_TIMEOUT_S = 2.0
 _FOREVER = {"retention.ms": str(FOREVER), "retention.bytes": str(FOREVER)}
 
 
@@ -115,6 +121,7 @@ class Sequencer:
         self.inputs = [self.names.input(name) for name in inputs]
         self.code_hash = code_hash
         self.schedule = SnapshotSchedule(config.snapshot_interval_ms, config.snapshot_every_epochs)
+        self._assigned: set[tuple[str, int]] = set()  # the input partitions being read
         self.metrics = Metrics(app=config.app, role="sequencer")
         self.metrics.describe("epochal_epochs_total", "counter", "epochs logged")
         self.metrics.describe("epochal_sequenced_total", "counter", "transactions sequenced")
@@ -127,9 +134,16 @@ class Sequencer:
         )
 
     @property
-    def streams(self) -> list[str]:
-        """The topics the sequencer reads: the inputs and the requests topic."""
+    def transaction_streams(self) -> list[str]:
+        """The topics transactions come from: the inputs and the requests topic."""
         return [*self.inputs, self.names.requests]
+
+    def streams(self, existing: Iterable[str]) -> list[str]:
+        """The topics the sequencer reads: :attr:`transaction_streams`, and any other topic of
+        ``existing`` named like an input (its records are dead letters: no transaction reads
+        them)."""
+        unread = sorted({t for t in existing if self.names.is_input(t)} - set(self.inputs))
+        return [*self.transaction_streams, *unread]
 
     def ensure_topics(self, input_partitions: int = 1) -> None:
         """Create the app's topics if missing, and make sure they keep what recovery needs.
@@ -141,16 +155,17 @@ class Sequencer:
         """
         retention = self.config.input_retention_ms
         stream_config = {"retention.ms": str(retention), "retention.bytes": str(FOREVER)}
-        self.clients.create_topics(self.streams, partitions=input_partitions, config=stream_config)
+        streams = self.transaction_streams
+        self.clients.create_topics(streams, partitions=input_partitions, config=stream_config)
         self.clients.create_topics([self.names.command_log], partitions=1, config=_FOREVER)
         self.clients.create_topics([self.names.dead_letters], partitions=1)
-        self.clients.ensure_retention(self.streams, retention)
+        self.clients.ensure_retention(streams, retention)
         self.clients.ensure_retention([self.names.command_log], FOREVER)
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         """Sequence until ``should_stop()``; Kafka failures raise (LogError and subclasses)."""
         if self.config.metrics_port:
-            serve_metrics(self.metrics, self.config.metrics_port)
+            serve_metrics(self.metrics, self.config.metrics_port, "the sequencer")
         feed: EpochFeedServer | None = None
         if self.config.recovery == "weak":
             feed = EpochFeedServer(self.config.feed, self.config.workers, self.config.generation)
@@ -174,7 +189,11 @@ class Sequencer:
                 "sequencer started app=%s next_epoch=%d positions=%d request_ids=%d",
                 self.config.app, state.epoch, len(state.positions), len(state.window),
             )  # fmt: skip
+            next_look = time.monotonic() + _DISCOVERY_S
             while not should_stop():
+                if time.monotonic() >= next_look:
+                    self._assign_new(consumer, state.positions)
+                    next_look = time.monotonic() + _DISCOVERY_S
                 records = self._collect(consumer)
                 now_ms = max(state.now_ms, int(time.time() * 1000))
                 if not records and not self.schedule.idle_due(now_ms):
@@ -269,17 +288,11 @@ class Sequencer:
         })  # fmt: skip
         try:
             metadata = consumer.list_topics(timeout=_KAFKA_TIMEOUT_S)
-            assignment = []
-            for topic in self.streams:
+            for topic in self.transaction_streams:
                 if topic not in metadata.topics or metadata.topics[topic].error is not None:
                     raise LogError("an input topic is missing", topic=topic)
-                for p in sorted(metadata.topics[topic].partitions):
-                    offset = positions.get(position_key(topic, p))
-                    if offset is not None:
-                        self.clients.check_position("the sequencer cannot resume", topic, p, offset)
-                    assignment.append(TopicPartition(topic, p, OFFSET_BEGINNING
-                                                     if offset is None else offset))  # fmt: skip
-            consumer.assign(assignment)
+            self._assigned = set()
+            consumer.assign(self._unassigned(metadata, positions))
         except KafkaException as exc:
             consumer.close()
             raise translate_kafka_error(exc, "cannot assign the input partitions") from exc
@@ -287,6 +300,41 @@ class Sequencer:
             consumer.close()
             raise
         return consumer
+
+    def _unassigned(
+        self, metadata: ClusterMetadata, positions: Mapping[str, int]
+    ) -> list[TopicPartition]:
+        """The partitions of the streams in ``metadata`` not yet assigned, at their logged
+        positions (the beginning for one never read); each is remembered as assigned."""
+        assignment = []
+        read = set(self.transaction_streams)
+        for topic in self.streams(metadata.topics):
+            if metadata.topics[topic].error is not None:
+                continue
+            partitions = sorted(metadata.topics[topic].partitions)
+            new = [p for p in partitions if (topic, p) not in self._assigned]
+            if topic not in read and len(new) == len(partitions):
+                logger.warning("no transaction reads topic=%s: its records go to %s",
+                               topic, self.names.dead_letters)  # fmt: skip
+            for p in new:
+                offset = positions.get(position_key(topic, p))
+                if offset is not None:
+                    self.clients.check_position("the sequencer cannot resume", topic, p, offset)
+                assignment.append(TopicPartition(topic, p, OFFSET_BEGINNING
+                                                 if offset is None else offset))  # fmt: skip
+                self._assigned.add((topic, p))
+        return assignment
+
+    def _assign_new(self, consumer: Consumer, positions: Mapping[str, int]) -> None:
+        """Take in topics named like inputs (and partitions) created since the start; a broker
+        that does not answer now is asked again at the next look."""
+        try:
+            metadata = consumer.list_topics(timeout=_DISCOVERY_TIMEOUT_S)
+        except KafkaException:
+            return
+        new = self._unassigned(metadata, positions)
+        if new:
+            consumer.incremental_assign(new)
 
     def _collect(self, consumer: Consumer) -> list[Message]:
         deadline = time.monotonic() + self.config.epoch_ms / 1000
@@ -383,7 +431,7 @@ class Sequencer:
     def _group_offsets(self, next_offsets: Mapping[str, int]) -> list[TopicPartition]:
         """The positions to commit to the group: those of the topics read (a topic the app no
         longer reads keeps its position in the log, where it may be resumed later)."""
-        streams = set(self.streams)
+        streams = {topic for topic, _ in self._assigned}
         partitions = (_partition(key, offset) for key, offset in next_offsets.items())
         return [tp for tp in partitions if tp.topic in streams]
 

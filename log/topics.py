@@ -20,6 +20,16 @@ class TopicNames:
     def input(self, name: str) -> str:
         return f"{self.app}.in.{name}"
 
+    def is_input(self, topic: str) -> bool:
+        """Named like an input of this app, whether a transaction reads it or not: the
+        sequencer reads every such topic, so that records produced to a misspelt one are
+        dead-lettered (no transaction reads it) instead of never seen.
+
+        >>> TopicNames("bank").is_input("bank.in.transfrs")
+        True
+        """
+        return topic.startswith(f"{self.app}.in.")
+
     def egress(self, name: str) -> str:
         return f"{self.app}.out.{name}"
 

@@ -118,9 +118,11 @@ class _Input:
 
     def starts(self, manifest: Manifest) -> dict[str, dict[str, int]]:
         """Where each partition of each input topic starts, checked to be still held."""
-        topics = sorted({self.app.topics.input(h.topic) for h in self.app.handlers.values()
-                         if h.topic} | {self.app.topics.requests})  # fmt: skip
         metadata = self.clients.admin().list_topics(timeout=30)
+        names = self.app.topics
+        read = {names.input(h.topic) for h in self.app.handlers.values() if h.topic}
+        unread = {t for t in metadata.topics if names.is_input(t)}  # dead letters, as in the run
+        topics = sorted(read | unread | {names.requests})
         starts: dict[str, dict[str, int]] = {}
         for topic in topics:
             if topic not in metadata.topics:

@@ -24,7 +24,7 @@ def test_metrics_are_served_over_http() -> None:
     metrics = Metrics(app="bank")
     metrics.inc("epochal_epochs_total")
     port = free_port_pair()
-    server = serve_metrics(metrics, port)
+    server = serve_metrics(metrics, port, "a test")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
             assert 'epochal_epochs_total{app="bank"} 1' in reply.read().decode()
