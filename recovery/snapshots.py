@@ -1,6 +1,6 @@
 """Snapshots in Delta Lake through delta-rs: no JVM on the workers' path.
 
-Tables under ``<warehouse>/<app>/`` (DESIGN §5), columns from the actor schemas
+Tables under ``<warehouse>/<app>/``, columns from the actor schemas
 (:mod:`epochal.schemas.arrow`), so any Spark user reads them as plain Delta tables:
 
 - ``state/<actor_type>``: one row per actor; a Delta version per snapshot that changed the type,
@@ -364,14 +364,7 @@ class DeltaSnapshots:
     def _delete_replaced(self, joined: Mapping[str, LogFile]) -> None:
         """After the commit: the files the joined ones replaced are in no table version; delete
         them (a crash before leaves them behind, never read)."""
-        if not joined:
-            return
-        filesystem, path = self.warehouse.files(self.warehouse.log("commands"))
-        for name in joined:
-            try:
-                filesystem.delete_file(f"{path}/{name}")
-            except OSError as exc:
-                logger.warning("an unjoined commands file stays behind file=%s: %s", name, exc)
+        self._delete(self.warehouse.log("commands"), list(joined))
 
     def _evolve(self, uri: str, schema: pa.Schema) -> None:
         """Add the columns of ``schema`` a table made by an older epochal lacks (rows written
@@ -385,7 +378,13 @@ class DeltaSnapshots:
             table.alter.add_columns(missing)
 
     def _put_back(self, previous: Manifest | None) -> None:
-        """Undo what an unfinished commit left: every table back to the last manifest's version."""
+        """Undo what an unfinished commit left: every table back to the last manifest's version.
+
+        Only :meth:`commit` makes versions of these tables (appends, merges, added columns and
+        these restores); upkeep makes none (:meth:`_vacuum` commits nothing, a checkpoint is
+        no version). So a table past the version the last manifest row names was moved on by a
+        commit that never wrote its row, and nothing else: that is why the check is a plain
+        version comparison and needs no reading of the tables' history."""
         state = previous.state_versions if previous else {}
         changes = previous.change_versions if previous else {}
         logs = previous.log_versions if previous else {}
@@ -493,7 +492,8 @@ class DeltaSnapshots:
     def expire(self, keep: int, keep_ms: int, now_ms: int) -> Manifest | None:
         """Forget snapshots beyond the newest ``keep`` and older than ``keep_ms`` (0: no age
         rule; the newest is always kept): their manifest rows go, and the state tables' files
-        no kept snapshot reads are vacuumed. Returns the oldest snapshot kept."""
+        no kept snapshot reads are deleted, without a new table version (:meth:`_vacuum`).
+        Returns the oldest snapshot kept."""
         manifests = self.manifests()
         if not manifests:
             return None
@@ -506,12 +506,44 @@ class DeltaSnapshots:
             self._table(self.warehouse.manifest).delete(f"ssid < {oldest.ssid}")
             for name in self.layouts:
                 versions = sorted({m.state_versions.get(name, 0) for m in kept})
-                self._table(self.warehouse.state(name)).vacuum(
-                    retention_hours=0, dry_run=False, enforce_retention_duration=False,
-                    keep_versions=versions,
-                )  # fmt: skip
+                self._vacuum(self.warehouse.state(name), versions)
             logger.info("snapshots expired before ssid=%d kept=%d", oldest.ssid, len(kept))
         return oldest
+
+    def _vacuum(self, uri: str, keep_versions: Sequence[int]) -> None:
+        """Delete the files of table ``uri`` that none of ``keep_versions`` reads, **without a
+        Delta version**.
+
+        delta-rs's vacuum commits two versions (VACUUM START, VACUUM END) whenever it deletes a
+        file, and has no option against it; its listing also names, again, the files an earlier
+        vacuum deleted, so every expiry would commit two. Versions a state table gains after
+        the manifest row that names its last version are what :meth:`_put_back` takes for an
+        unfinished snapshot, and it would restore over them at each commit: four versions per
+        snapshot instead of one. So delta-rs only lists the files here (a dry run) and they are
+        deleted directly; only those still present, as the listing keeps naming deleted ones."""
+        stale = self._table(uri).vacuum(
+            retention_hours=0,
+            dry_run=True,
+            enforce_retention_duration=False,
+            keep_versions=list(keep_versions),
+        )
+        if not stale:
+            return
+        filesystem, path = self.warehouse.files(uri)
+        present = {info.base_name for info in filesystem.get_file_info(pafs.FileSelector(path))}
+        self._delete(uri, [name for name in stale if name in present])
+
+    def _delete(self, uri: str, names: Sequence[str]) -> None:
+        """Delete files of table ``uri`` that no table version the manifest names reads; one that
+        cannot be deleted stays behind with a warning (it is never read)."""
+        filesystem, path = self.warehouse.files(uri)
+        for name in names:
+            try:
+                filesystem.delete_file(f"{path}/{name}")
+            except OSError as exc:
+                logger.warning(
+                    "a file no snapshot reads stays behind table=%s file=%s: %s", uri, name, exc
+                )
 
     # --- recovery -----------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ Spark session reads a snapshot's state ``VERSION AS OF`` the version its manifes
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 import random
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from epochal.config import SnapshotConfig
 from epochal.recovery.log_tables import OUTBOX_SCHEMA, epochs_of
 from epochal.recovery.snapshots import _CHECKPOINT_EVERY, DeltaSnapshots
 from epochal.schemas.canonical import decode_canonical
-from epochal.schemas.commands import EpochRecord
+from epochal.schemas.commands import EpochRecord, KeyRef
 from epochal.schemas.snapshots import Manifest, OutboxRow
 from tests.unit.actors.workload import Account, Deposit, Transfer, app, command_log
 
@@ -107,13 +109,75 @@ def test_an_unfinished_commit_is_put_back_and_a_commit_is_idempotent(tmp_path: P
                       schema.change_schema())  # fmt: skip
     assert [m.ssid for m in snapshots.manifests()] == [first.epoch]
     assert snapshots.restore().manifest.ssid == first.epoch  # type: ignore[union-attr]
-    manifest = snapshots.commit([parts[1]], second.epoch)  # puts the table back first
+    # restarted, the cluster writes the second snapshot again, into new files
+    again = snapshots.write(second.epoch, 0, second.changes or [])
+    again = with_log_position(again, records[second.epoch], second.epoch + 1, [])
+    manifest = snapshots.commit([again], second.epoch)  # puts the table back first
     assert manifest.digest == second.digest
-    assert snapshots.commit([parts[1]], second.epoch) == manifest  # twice: once
+    assert snapshots.commit([again], second.epoch) == manifest  # twice: once
     changes = snapshots._table(snapshots.warehouse.changes("Account")).to_pyarrow_table()
     ssids = changes.column("_ssid").to_pylist()
     rows_of_second = sum(f.rows for f in parts[1].files if f.actor_type == "Account")
     assert ssids.count(second.epoch) == rows_of_second  # put back, then once: no doubles
+
+
+def test_snapshots_past_expiry_add_one_state_version_each_and_restore_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Expiring snapshots (vacuuming the state tables) commits no table version, so the next
+    commit finds nothing to put back: exactly one state version per snapshot that changed the
+    type, no RESTORE, no warning; every kept snapshot reads back as the oracle wrote it, and the
+    files of expired ones are gone. A commit left unfinished after expiry is still put back."""
+    records = _log(epochs=33)  # a snapshot every third epoch: 10 run whole, 7 of them expire
+    config = SnapshotConfig(str(tmp_path / "warehouse"), keep=3)
+    snapshots = DeltaSnapshots(app, config, partitions=4)
+    snapshots.ensure_tables(app.code_hash())
+    oracle, expected = SerialOracle(app), {}
+    for record in records[:30]:
+        oracle.run_epoch(record)
+        expected[record.epoch] = dict(oracle.state)
+    engine = Engine(app, 4, snapshots=True)
+    with caplog.at_level(logging.INFO, logger="epochal.recovery.snapshots"):
+        run = asyncio.run(_run(engine, records[:30], snapshots, retain=True))
+    made = [m for _, m in run if m is not None]
+    assert len(made) == 10 and "snapshots expired" in caplog.text
+    assert "putting back" not in caplog.text
+    for name in app.actor_types:
+        state = snapshots._table(snapshots.warehouse.state(name))
+        operations = {h["operation"] for h in state.history()}
+        assert operations <= {"CREATE TABLE", "MERGE"}, (name, operations)
+        assert state.version() == made[-1].state_versions.get(name, 0)  # nothing after it
+        for before, after in itertools.pairwise(made):
+            changed = after.change_versions[name] - before.change_versions.get(name, 0)
+            assert changed in (0, 1)
+            assert after.state_versions[name] - before.state_versions.get(name, 0) == changed
+    assert all(
+        b.state_versions["Account"] < a.state_versions["Account"]
+        for b, a in itertools.pairwise(made)
+    )
+    kept = snapshots.manifests()
+    assert kept == made[-3:]
+    for manifest in kept:
+        restored = snapshots.restore(manifest.ssid)
+        assert restored is not None and restored.manifest == manifest
+        actors = {KeyRef(n, key): data for n, rows in restored.actors.items() for key, data in rows}
+        assert actors == expected[manifest.ssid]
+    state_dir = tmp_path / "warehouse" / app.name / "state" / "Account"
+    on_disk = {p.name for p in state_dir.glob("*.parquet")}
+    versions = [snapshots._table(str(state_dir), m.state_versions["Account"]) for m in kept]
+    read = {Path(uri).name for version in versions for uri in version.file_uris()}
+    assert on_disk == read  # the expired snapshots' files were vacuumed, nothing else
+
+    # a committer killed after merging the next snapshot's state, before its manifest row
+    head = asyncio.run(engine.run(records[30:]))[-1]
+    assert head.changes is not None
+    part = snapshots.write(head.epoch, 0, head.changes)
+    part = with_log_position(part, records[-1], len(records), engine.carried)
+    snapshots._merge_state("Account", [f for f in part.files if f.actor_type == "Account"])
+    manifest = snapshots.commit([part], head.epoch)
+    assert f"putting back a table an unfinished snapshot moved on table={state_dir}" in caplog.text
+    assert manifest.state_versions["Account"] == kept[-1].state_versions["Account"] + 3
+    assert snapshots.restore().manifest == manifest  # type: ignore[union-attr]
 
 
 def test_a_damaged_snapshot_is_skipped_for_the_one_before(
