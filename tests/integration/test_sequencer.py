@@ -544,3 +544,29 @@ def test_a_fenced_sequencer_stops_with_our_error_not_a_dead_letter(
         run.stop()
     assert raised.value.context == {"epoch": 1}
     assert _read(kafka, f"{name}.dlq") == []
+
+
+def test_records_on_a_topic_no_transaction_reads_are_dead_letters_with_their_coordinates(
+    kafka: KafkaClients, name: str, sequencer: Sequencer
+) -> None:
+    """A producer's misspelt topic (``<app>.in.thigns``, auto-created by the broker) is read
+    like an input and its records go to the DLQ, whether it existed at the start or appeared
+    while the sequencer ran; restarting sequences none of them twice."""
+    early, late = f"{name}.in.thigns", f"{name}.in.late"
+    kafka.create_topics([early])
+    _produce(kafka, early, [_blob("a"), b"not even a record"])
+    with running(sequencer) as run:
+        _wait_for(lambda: len(_read(kafka, f"{name}.dlq")) == 2, "the early topic's letters", run)
+        kafka.create_topics([late], partitions=2)
+        _produce(kafka, late, [_blob("b")], partition=1)
+        _produce(kafka, f"{name}.in.things", [_blob("c")])
+        _wait_for(lambda: len(_read(kafka, f"{name}.dlq")) == 3, "the late topic's letter", run)
+    with running(_sequencer(kafka, name)) as run:  # a restart resumes every topic's position
+        _produce(kafka, early, [_blob("d")])
+        _wait_for(lambda: len(_read(kafka, f"{name}.dlq")) == 4, "a letter after the restart", run)
+
+    letters = [decode(value, DeadLetter) for _, value, _ in _read(kafka, f"{name}.dlq")]
+    expected = [(late, 1, 0), (early, 0, 0), (early, 0, 1), (early, 0, 2)]
+    assert sorted((d.topic, d.partition, d.offset) for d in letters) == sorted(expected)
+    assert all("no transaction reads this topic" in d.reason for d in letters)
+    assert [t.source.topic for t in _txns(kafka, name) if t.source] == [f"{name}.in.things"]

@@ -1,0 +1,264 @@
+"""The commands the README and docs show, run as written from a fresh working directory.
+
+Every fenced ``epochal …`` or ``python -m examples…`` line of the docs is either run here
+(:data:`RUN`, with only the broker address put in) or is a synopsis with placeholders whose
+subcommand and flags ``--help`` must know. A command added to the docs fails
+:func:`test_every_documented_command_is_run_here` until a test runs it: a default can no longer
+go untested because every test passes its own flags.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from argparse import SUPPRESS
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import msgspec
+import pytest
+
+from epochal.config import CacheConfig, KafkaConfig
+from epochal.errors import LogError
+from epochal.log.client import KafkaClients
+from epochal.schemas.codec import decode
+from epochal.schemas.egress import EgressRecord
+from tests.integration.cluster import wait_until
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+EPOCHAL = str(Path(sys.executable).parent / "epochal")
+_PLACEHOLDER = re.compile(r"\b(APP|NS|DIR)\b|…|\[|\|")
+
+# What the docs run, in the order a user would; the test below runs each of them.
+RUN = {
+    "epochal jars fetch",
+    "epochal run examples.bank.app:app --workers 2 --partitions 4 --bootstrap 127.0.0.1:9092",
+    "python -m examples.bank.producer --count 100000",
+    "epochal replay examples.bank.app:app --show Account",
+    'epochal sql "SELECT _ssid, sum(balance) FROM account_history GROUP BY _ssid" bank '
+    "--format json",
+    "epochal run examples.bank.app:app --workers 2 --query-port 7700",
+    'epochal sql "SELECT _ssid, count(*), sum(balance) FROM account_history GROUP BY _ssid" bank',
+    'epochal sql "SELECT * FROM commands WHERE NOT committed" bank --format json',
+    'epochal sql "SELECT _key, balance FROM account" examples.bank.app:app --format csv',
+}
+ACCOUNTS, OPENING_BALANCE, TRANSFERS = 1_000, 1_000, 100_000  # the producer's defaults
+
+
+def documented_commands() -> list[str]:
+    """Each command line in a fenced block of the docs, without its trailing comment."""
+    commands = []
+    for doc in DOCS:
+        fenced = False
+        for line in doc.read_text().splitlines():
+            if line.startswith("```"):
+                fenced = not fenced
+                continue
+            text = line.split("  #")[0].strip()
+            if fenced and (text.startswith("epochal ") or text.startswith("python -m examples")):
+                commands.append(text)
+    return commands
+
+
+def test_every_documented_command_is_run_here() -> None:
+    runnable = {c for c in documented_commands() if not _PLACEHOLDER.search(c)}
+    assert runnable == RUN, "a documented command no test runs, or a test of a command gone"
+
+
+@pytest.mark.parametrize("synopsis", [c for c in documented_commands() if _PLACEHOLDER.search(c)])
+def test_each_synopsis_names_a_command_and_flags_it_has(synopsis: str) -> None:
+    words = synopsis.split()
+    command = words[1]
+    helped = subprocess.run(
+        [EPOCHAL, command, "--help"], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert helped.returncode == 0, helped.stderr
+    for flag in re.findall(r"--[a-z][a-z-]+", synopsis):
+        assert flag in helped.stdout, f"{synopsis}: {flag} is not an option of {command}"
+
+
+def test_help_shows_every_default() -> None:
+    """``--help`` of each command shows the default of every option that has one."""
+    from epochal.cli import _parser
+
+    parser = _parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    assert isinstance(commands, dict)
+    for name, command in commands.items():
+        text = " ".join(command.format_help().split())
+        for action in command._actions:
+            default = action.default
+            unset = default is None or default is False or default in ([], SUPPRESS)
+            if not action.option_strings or unset:
+                continue
+            assert f"(default: {default})" in text or "default" in (action.help or ""), (
+                f"epochal {name} {action.option_strings[0]}: its default {default!r} is not shown"
+            )
+
+
+class User:
+    """A user's shell: a fresh working directory, the checkout's examples importable, the
+    test's jar cache, and the session's broker put in where the docs name the default one."""
+
+    def __init__(self, cwd: Path, bootstrap: str, cache: CacheConfig) -> None:
+        self.cwd = cwd
+        self.bootstrap = bootstrap
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "EPOCHAL_CACHE": str(cache.root)}
+        self.background: list[subprocess.Popen[str]] = []
+        self.logs: list[IO[str]] = []
+
+    def argv(self, command: str) -> list[str]:
+        assert command in RUN, command
+        words = shlex.split(command.replace("127.0.0.1:9092", self.bootstrap))
+        talks_to_kafka = (
+            words[:2] in (["epochal", "run"], ["epochal", "replay"]) or words[0] == "python"
+        )
+        if talks_to_kafka and "--bootstrap" not in words:
+            words += ["--bootstrap", self.bootstrap]
+        if words[0] == "python":
+            words[0] = sys.executable
+        elif words[0] == "epochal":
+            words[0] = EPOCHAL
+        return words
+
+    def run(self, command: str, timeout_s: float = 240) -> str:
+        done = subprocess.run(
+            self.argv(command),
+            cwd=self.cwd,
+            env=self.env,
+            text=True,
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
+        )
+        assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
+        assert "Traceback" not in done.stderr, done.stderr
+        return done.stdout + done.stderr
+
+    def start(self, command: str) -> subprocess.Popen[str]:
+        log = (self.cwd / f"run-{len(self.background)}.log").open("w")
+        self.logs.append(log)
+        process = subprocess.Popen(
+            self.argv(command),
+            cwd=self.cwd,
+            env=self.env,
+            text=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.background.append(process)
+        return process
+
+    def log(self, index: int) -> str:
+        return (self.cwd / f"run-{index}.log").read_text()
+
+    def stop(self, process: subprocess.Popen[str]) -> int:
+        process.send_signal(signal.SIGTERM)
+        return process.wait(60)
+
+
+@pytest.fixture
+def user(tmp_path: Path, kafka_config: KafkaConfig, cache: CacheConfig) -> Iterator[User]:
+    shell = User(tmp_path / "fresh", kafka_config.bootstrap_servers, cache)
+    shell.cwd.mkdir()
+    yield shell
+    for process in shell.background:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    for log in shell.logs:
+        log.close()
+
+
+def _egress(kafka: KafkaClients, name: str) -> list[EgressRecord]:
+    """The committed records of ``bank.out.<name>`` so far (none before the topic exists)."""
+    topic = f"bank.out.{name}"
+    try:
+        ranges = {0: (0, kafka.end_offset(topic))}
+    except LogError:
+        return []
+    return [decode(m.value() or b"", EgressRecord) for m in kafka.read_range(topic, ranges, topic)]
+
+
+def _outcomes(kafka: KafkaClients) -> list[EgressRecord]:
+    """Receipts and abort reports of the bank so far."""
+    return _egress(kafka, "receipts") + _egress(kafka, "errors")
+
+
+def _json_lines(output: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+def test_the_readme_runs_as_written(user: User, kafka: KafkaClients) -> None:
+    """Running it, querying it, its history: the README's and docs' commands in order, in an
+    empty directory with every default (the warehouse is ./warehouse)."""
+    user.run("epochal jars fetch")
+    total = ACCOUNTS * OPENING_BALANCE
+
+    run = user.start(
+        "epochal run examples.bank.app:app --workers 2 --partitions 4 --bootstrap 127.0.0.1:9092"
+    )
+    user.run("python -m examples.bank.producer --count 100000")
+    wait_until(
+        lambda: len(_outcomes(kafka)) >= TRANSFERS,
+        300,
+        "every transfer has its receipt or abort report",
+        alive=lambda: run.poll() is None,
+        log=lambda: user.log(0),
+    )
+    snapshots = user.cwd / "warehouse" / "bank" / "snapshots"
+    wait_until(snapshots.exists, 30, "a snapshot in ./warehouse", log=lambda: user.log(0))
+    time.sleep(1.5)  # one more snapshot interval: the last epochs are in a snapshot too
+    assert user.stop(run) == 0, user.log(0)
+    log = user.log(0)
+    assert "Traceback" not in log and "rolling back" not in log, log
+    sources = [msgspec.structs.astuple(r.source) for r in _outcomes(kafka) if r.source]
+    assert len(sources) == len(set(sources)) == TRANSFERS  # once each, none twice
+
+    replayed = user.run("epochal replay examples.bank.app:app --show Account")
+    assert f"Account: {ACCOUNTS} actors" in replayed
+    assert f"'balance': {total}" in replayed, replayed
+
+    per_snapshot = _json_lines(
+        user.run(
+            'epochal sql "SELECT _ssid, sum(balance) FROM account_history GROUP BY _ssid" bank '
+            "--format json"
+        )
+    )
+    assert per_snapshot and all(row["sum(balance)"] == total for row in per_snapshot[1:])
+    table = user.run(
+        'epochal sql "SELECT _ssid, count(*), sum(balance) FROM account_history GROUP BY _ssid" '
+        "bank"
+    )
+    assert f"{len(per_snapshot)} rows" in table
+    aborted = _json_lines(
+        user.run('epochal sql "SELECT * FROM commands WHERE NOT committed" bank --format json')
+    )
+    assert aborted and all(row["committed"] is False and row["reason"] for row in aborted)
+    assert len(aborted) == len(_egress(kafka, "errors"))
+    rows = user.run(
+        'epochal sql "SELECT _key, balance FROM account" examples.bank.app:app --format csv'
+    ).splitlines()
+    balances = [line.split(",") for line in rows if line.startswith("acct-")]
+    assert len(balances) == ACCOUNTS and sum(int(b) for _, b in balances) == total
+
+    # docs/queries.md: run it again with queries on; the client reads what the replay showed
+    again = user.start("epochal run examples.bank.app:app --workers 2 --query-port 7700")
+    from epochal import Client
+    from examples.bank.app import Account, app
+
+    with Client(app, "127.0.0.1:7700", timeout_s=60) as client:
+        summed = client.aggregate(Account, "count", "sum:balance")
+    assert list(summed.values()) == [ACCOUNTS, total], summed
+    assert user.stop(again) == 0, user.log(1)
+    assert "Traceback" not in user.log(1), user.log(1)
