@@ -185,10 +185,19 @@ class KafkaCommandLog:
         one snapshot kept, or a young app's only snapshot) no epoch is left: then the latest
         snapshot (``latest_snapshot()``, read only then) says where the log stood after its
         epoch, the last one logged. A log whose epochs were deleted past what the latest snapshot
-        covers, or with no snapshot, is a LogTruncatedError naming the offsets missing.
+        covers, or with no snapshot, is a LogTruncatedError naming the offsets missing. (The
+        workers may go on trimming while a restarted sequencer reads: a read the trim overtook
+        is read again.)
         """
-        low, high = self.clients.watermarks(self.topic)
-        last = self._last_epoch(low, high)
+        while True:
+            low, high = self.clients.watermarks(self.topic)
+            try:
+                last = self._last_epoch(low, high)
+                break
+            except LogTruncatedError:
+                if self.clients.watermarks(self.topic)[0] == low:
+                    raise
+                # retention trimmed the log while it was read (a snapshot committed): again
         if last is not None:
             record = last.record
             return LogTail(record.epoch, record.now_ms, record.next_offsets)

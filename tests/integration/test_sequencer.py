@@ -479,7 +479,11 @@ def test_a_log_trimmed_back_to_a_snapshot_at_its_end_goes_on_from_the_snapshot(
             _produce(kafka, topic, [_blob(str(i))])
             _wait_for(lambda i=i: len(_epochs(kafka, name)) == i + 1, f"epoch {i}", run)
     first, last = KafkaCommandLog(kafka, command_log).epochs(to_end=True)
+    racing = _TrimmedOnce(kafka.config, command_log, before=first.position + 1)
+    tail = KafkaCommandLog(racing, command_log).tail(lambda: None)  # trimmed while read
+    assert tail is not None and tail.epoch == last.record.epoch
     _delete_records(kafka, command_log, 0, before=last.position + 1)  # retention, keep=1
+    assert list(KafkaCommandLog(kafka, command_log).epochs(last.position + 1, to_end=True)) == []
     _produce(kafka, topic, [_blob("2")])
 
     older = _manifest(first)  # the records after it are gone: no going on from there
@@ -495,6 +499,22 @@ def test_a_log_trimmed_back_to_a_snapshot_at_its_end_goes_on_from_the_snapshot(
     assert logged.record.epoch == last.record.epoch + 1
     assert logged.record.now_ms >= last.record.now_ms
     assert [t.source.offset for t in logged.record.txns if t.source] == [2]
+
+
+class _TrimmedOnce(KafkaClients):
+    """Retention trims ``topic`` right after a reader learnt where it starts: worker 0 committing
+    a snapshot while a restarted sequencer reads the log's tail."""
+
+    def __init__(self, config: KafkaConfig, topic: str, before: int) -> None:
+        super().__init__(config)
+        self.trim: tuple[str, int] | None = (topic, before)
+
+    def watermarks(self, topic: str, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        bounds = super().watermarks(topic, *args, **kwargs)
+        if self.trim is not None and self.trim[0] == topic:
+            _delete_records(self, topic, 0, before=self.trim[1])
+            self.trim = None
+        return bounds
 
 
 def _manifest(logged: LoggedEpoch) -> Manifest:
