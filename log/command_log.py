@@ -19,6 +19,7 @@ snapshot's manifest row says where the log stands.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -41,6 +42,8 @@ __all__ = [
     "MemoryCommandLog",
     "chunk_epoch",
 ]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 512 * 1024  # well below Kafka's default max.message.bytes (1 MiB)
 
@@ -213,6 +216,8 @@ class KafkaCommandLog:
         if not low <= position <= high:  # the records after the snapshot, or before, are gone
             what = "the command log no longer goes on from the latest snapshot"
             raise truncated_error(what, self.topic, 0, position=position, low=low, high=high)
+        what = "command log trimmed back to the latest snapshot, going on from it"
+        logger.info("%s topic=%s ssid=%d position=%d", what, self.topic, snapshot.ssid, position)
         return LogTail(snapshot.epoch, snapshot.time_ms, snapshot.input_positions)
 
     def last_epoch(self, first_window: int = 16, timeout_s: float = 30.0) -> LoggedEpoch | None:

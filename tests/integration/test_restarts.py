@@ -176,10 +176,11 @@ def test_restarts_after_idle_and_busy_stops_go_on_whatever_retention_trimmed(
 
     start()
     end, running = cluster.kafka.end_offset(command_log), cluster.processes[-1]
-    cluster.produce(400)  # 10 epochs: the stop comes right after the first
+    cluster.produce(800)  # 20 epochs: the stop comes right after the first
     logged = lambda: cluster.kafka.end_offset(command_log) > end  # noqa: E731
     wait_until(logged, 60, "no epoch logged", lambda: running.poll() is None, cluster.log)
     cluster.stop()
+    assert f"going on from it topic={command_log} ssid=0" in cluster.log()
     assert len(cluster.egress()) < cluster.transfers, "stopped busy"
 
     start()
