@@ -5,9 +5,9 @@ killed, the generation goes up, and all workers start again; they load the lates
 replay the command log after it and produce egress only past what each partition already
 committed. Frames and replies carry the generation, so a zombie of the old generation is
 ignored, and the stable transactional ids fence its Kafka producers. A restarted sequencer
-resumes from the command log's tail. In weak recovery the sequencer restarts with every
-rollback: it re-sequences the input from the snapshot the workers resumed from. Every child runs
-with ``PYTHONHASHSEED=0``.
+resumes from the command log's tail (or from the latest snapshot, when retention left no epoch).
+In weak recovery the sequencer restarts with every rollback: it re-sequences the input from the
+snapshot the workers resumed from. Every child runs with ``PYTHONHASHSEED=0``.
 
 A failure is detected within ``failure_timeout_ms`` (plus a watch interval) in three ways:
 
@@ -169,7 +169,11 @@ def _sequencer_main(config: ClusterConfig, name: MemberName, parent: int) -> Non
     set_title(f"epochal: sequencer of {app.name}")
     clients = KafkaClients(config.kafka)
     inputs = sorted({h.topic for h in app.handlers.values() if h.topic})
-    sequencer = Sequencer(config.sequencer, clients, app, inputs, app.code_hash())
+    snapshots = _snapshots(config, app)
+    latest = snapshots.latest if snapshots else lambda: None
+    sequencer = Sequencer(
+        config.sequencer, clients, app, inputs, app.code_hash(), latest_snapshot=latest
+    )
     bound_ms = config.failure.failure_timeout_ms
     pulse = LoopPulse(bound_ms / 1000, config.failure.startup_timeout_ms / 1000, time.monotonic())
     member = GroupMember(clients, app.name, name, bound_ms, app.topics.command_log)

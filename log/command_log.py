@@ -9,35 +9,41 @@ chunk: a consumer that commits ``position + 1`` resumes at the next epoch.
 The topic's own retention is forever: epochal trims it back to the oldest snapshot kept
 (:meth:`DeltaSnapshots.retain`), never further. Readers run
 with ``auto.offset.reset=error``: a start below the log's first offset is a
-:class:`LogTruncatedError`, never a silent jump. :meth:`KafkaCommandLog.last_epoch` reads only the
+:class:`LogTruncatedError`, never a silent jump. :meth:`KafkaCommandLog.tail` reads only the
 tail, backwards from the end in growing windows, so a restart costs the same whatever the log's
-length.
+length; when retention left no epoch (the oldest snapshot kept ends at the log's end), the latest
+snapshot's manifest row says where the log stands.
 
 :class:`MemoryCommandLog` is the in-memory twin used by unit tests: same chunking, no Kafka.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import logging
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import msgspec
 from confluent_kafka import TopicPartition
 
 from epochal.errors import LogError, LogTruncatedError
-from epochal.log.client import KafkaClients
+from epochal.log.client import KafkaClients, truncated_error
 from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import EpochRecord
+from epochal.schemas.snapshots import Manifest
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "EpochAssembler",
     "EpochPoller",
     "KafkaCommandLog",
+    "LogTail",
     "LoggedEpoch",
     "MemoryCommandLog",
     "chunk_epoch",
 ]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 512 * 1024  # well below Kafka's default max.message.bytes (1 MiB)
 
@@ -57,6 +63,16 @@ class LoggedEpoch:
 
     position: int
     record: EpochRecord
+
+
+@dataclass(frozen=True)
+class LogTail:
+    """Where the command log stands: its last epoch, that epoch's clock and the input positions
+    after it (what a sequencer goes on from)."""
+
+    epoch: int
+    now_ms: int
+    positions: Mapping[str, int]
 
 
 def chunk_epoch(record: EpochRecord, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[bytes]:
@@ -164,15 +180,58 @@ class KafkaCommandLog:
         self.topic = topic
         self.tail_records_read = 0  # by the last ``last_epoch``: what a restart cost
 
-    def last_epoch(self, first_window: int = 16, timeout_s: float = 30.0) -> LoggedEpoch | None:
-        """The last complete epoch, or None if the log never held one.
+    def tail(self, latest_snapshot: Callable[[], Manifest | None]) -> LogTail | None:
+        """Where the log stands, or None for a new app's log (nothing logged, nothing deleted).
 
-        Reads backwards from the end in windows growing 4x (an epoch may span many chunks, and
-        every Kafka transaction adds a marker offset) until one holds an epoch from its chunk 0
-        to its final chunk. Raises LogTruncatedError when the records that held it were deleted
-        (the log's first offset is above 0 and no complete epoch is left).
+        Its last epoch when it holds one (:meth:`last_epoch`). Retention trims the log back to
+        the oldest snapshot kept, so when that snapshot ends at the log's end (an idle stop with
+        one snapshot kept, or a young app's only snapshot) no epoch is left: then the latest
+        snapshot (``latest_snapshot()``, read only then) says where the log stood after its
+        epoch, the last one logged. A log whose epochs were deleted past what the latest snapshot
+        covers, or with no snapshot, is a LogTruncatedError naming the offsets missing. (The
+        workers may go on trimming while a restarted sequencer reads: a read the trim overtook
+        is read again.)
         """
+        while True:
+            low, high = self.clients.watermarks(self.topic)
+            try:
+                last = self._last_epoch(low, high)
+                break
+            except LogTruncatedError:
+                if self.clients.watermarks(self.topic)[0] == low:
+                    raise
+                # retention trimmed the log while it was read (a snapshot committed): again
+        if last is not None:
+            record = last.record
+            return LogTail(record.epoch, record.now_ms, record.next_offsets)
+        if low == 0:
+            return None
+        snapshot = latest_snapshot()
+        if snapshot is None or snapshot.recovery != "strong":  # weak: positions of no log
+            raise LogTruncatedError(
+                "the command log's epochs were deleted: no epoch to resume from",
+                topic=self.topic, partition=0, missing=f"0..{low - 1}",
+            )  # fmt: skip
+        position = snapshot.command_log_position
+        if not low <= position <= high:  # the records after the snapshot, or before, are gone
+            what = "the command log no longer goes on from the latest snapshot"
+            raise truncated_error(what, self.topic, 0, position=position, low=low, high=high)
+        what = "command log trimmed back to the latest snapshot, going on from it"
+        logger.info("%s topic=%s ssid=%d position=%d", what, self.topic, snapshot.ssid, position)
+        return LogTail(snapshot.epoch, snapshot.time_ms, snapshot.input_positions)
+
+    def last_epoch(self, first_window: int = 16, timeout_s: float = 30.0) -> LoggedEpoch | None:
+        """The last complete epoch, or None if the log holds none (never did, or retention
+        trimmed it back to a snapshot at its end: :meth:`tail` tells the two apart)."""
         low, high = self.clients.watermarks(self.topic)
+        return self._last_epoch(low, high, first_window, timeout_s)
+
+    def _last_epoch(
+        self, low: int, high: int, first_window: int = 16, timeout_s: float = 30.0
+    ) -> LoggedEpoch | None:
+        """Reads ``[low, high)`` backwards from the end in windows growing 4x (an epoch may span
+        many chunks, and every Kafka transaction adds a marker offset) until one holds an epoch
+        from its chunk 0 to its final chunk."""
         self.tail_records_read = 0
         window = first_window
         while True:
@@ -181,14 +240,8 @@ class KafkaCommandLog:
             if logged is not None:
                 return logged
             if start == low:
-                break
+                return None
             window *= 4
-        if low > 0:
-            raise LogTruncatedError(
-                "the command log's epochs were deleted: no epoch to resume from",
-                topic=self.topic, partition=0, missing=f"0..{low - 1}",
-            )  # fmt: skip
-        return None
 
     def _last_in(self, start: int, end: int, timeout_s: float) -> LoggedEpoch | None:
         """The last complete epoch among the committed records of ``[start, end)``."""

@@ -11,13 +11,15 @@ Start, in this order (DESIGN §2.9):
 
 1. ``init_transactions`` under the stable transactional id fences an older sequencer and aborts
    its open transaction, so the tail read next is final;
-2. the command log's **tail** (its last epoch, :meth:`KafkaCommandLog.last_epoch`) gives the next
+2. the command log's **tail** (its last epoch, :meth:`KafkaCommandLog.tail`) gives the next
    epoch number, ``now`` (kept monotonic) and the full position vector of the input and requests
    partitions. The command log, not the consumer group, is the source of truth: group offsets
-   are committed with each epoch for monitoring tools but never read (Kafka expires them). A
-   partition absent from the vector starts at its beginning; a logged position whose records
-   were deleted is a LogTruncatedError (so is one deleted while running: the consumer runs with
-   ``auto.offset.reset=error``);
+   are committed with each epoch for monitoring tools but never read (Kafka expires them). When
+   retention trimmed the log back to a snapshot at its end, no epoch is left, and the latest
+   snapshot's manifest row (``latest_snapshot``) gives the same three things, as they were after
+   its epoch, the last one logged. A partition absent from the vector starts at its beginning; a
+   logged position whose records were deleted is a LogTruncatedError (so is one deleted while
+   running: the consumer runs with ``auto.offset.reset=error``);
 3. the client request ids of the last ``request_id_window_ms`` are rebuilt from the requests
    topic, from ``offsets_for_times(now - window)`` up to the logged positions.
 
@@ -68,6 +70,7 @@ from epochal.log.topics import TopicNames
 from epochal.metrics import Metrics, serve_metrics
 from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import ClientRequest, DeadLetter, InputRecord
+from epochal.schemas.snapshots import Manifest
 
 if TYPE_CHECKING:  # exported by confluent_kafka.admin, but not declared so for type checkers
     from confluent_kafka.admin._metadata import ClusterMetadata
@@ -103,6 +106,9 @@ class _State:
 class Sequencer:
     """Orders the input topics of one app into the command log.
 
+    ``latest_snapshot`` reads the app's latest snapshot (None: there is none, or no snapshots):
+    where a command log that retention trimmed back to it goes on from.
+
     >>> Sequencer(config, clients, app, ["transfers"], app.code_hash()).run(lambda: stopping)
     """
 
@@ -113,8 +119,11 @@ class Sequencer:
         router: Router,
         inputs: list[str],
         code_hash: str,
+        *,
+        latest_snapshot: Callable[[], Manifest | None] = lambda: None,
     ) -> None:
         self.config = config
+        self.latest_snapshot = latest_snapshot
         self.clients = clients
         self.router = router
         self.names = TopicNames(config.app)
@@ -228,13 +237,12 @@ class Sequencer:
     def _resume(self) -> _State:
         """The state after the last logged epoch: from the command log's tail, never its start."""
         log = KafkaCommandLog(self.clients, self.names.command_log)
-        last = log.last_epoch()
+        tail = log.tail(self.latest_snapshot)
         self.metrics.set("epochal_resume_records", log.tail_records_read)
         window = RequestWindow(self.config.request_id_window_ms)
-        if last is None:
+        if tail is None:
             return _State(0, 0, {}, window)
-        record = last.record
-        return _State(record.epoch + 1, record.now_ms, dict(record.next_offsets), window)
+        return _State(tail.epoch + 1, tail.now_ms, dict(tail.positions), window)
 
     def _resume_from_workers(
         self, feed: EpochFeedServer, should_stop: Callable[[], bool]

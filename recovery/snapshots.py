@@ -220,6 +220,11 @@ class DeltaSnapshots:
         """Every complete snapshot, oldest first."""
         return read_manifests(self.warehouse)
 
+    def latest(self) -> Manifest | None:
+        """The newest complete snapshot's manifest row, or None before the first."""
+        manifests = self.manifests()
+        return manifests[-1] if manifests else None
+
     # --- a worker's part ------------------------------------------------------------------
 
     def write(

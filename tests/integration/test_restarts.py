@@ -19,6 +19,7 @@ from confluent_kafka import Producer, TopicPartition
 
 from epochal.actors.egress import prepare_egress
 from epochal.actors.engine import LocalEngine
+from epochal.actors.snapshots import carried_of
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import chunk_epoch
 from epochal.log.egress import (
@@ -30,7 +31,8 @@ from epochal.log.egress import (
 from epochal.log.topics import TopicNames
 from epochal.schemas.codec import decode
 from epochal.schemas.egress import EgressLayout, EgressRecord
-from tests.integration.cluster import Cluster, gone, wait_until
+from epochal.schemas.snapshots import Manifest
+from tests.integration.cluster import ACCOUNTS, Cluster, gone, wait_until
 from tests.unit.actors.workload import Deposit, Transfer, app, command_log
 
 pytestmark = pytest.mark.integration
@@ -147,6 +149,67 @@ def test_a_command_log_truncated_anyway_stops_the_cluster_naming_what_is_missing
     log = cluster.log()
     assert "cannot go on" in log
     assert f"topic={cluster.name}.cmd, partition=0" in log and "missing=0..2" in log
+
+
+@pytest.mark.parametrize("keep", [1, 2, 10])
+def test_restarts_after_idle_and_busy_stops_go_on_whatever_retention_trimmed(
+    cluster: Cluster, keep: int
+) -> None:
+    """Retention trims the command log and the input back to the oldest snapshot kept. A young
+    app's only snapshot ends the log after an idle stop (so does the latest with ``keep`` 1):
+    nothing of the log is left, and the restart goes on from the snapshot. A busy stop leaves
+    epochs after it. Either way each input is applied once and each egress record written once."""
+
+    def start() -> None:
+        retention = ["--keep-snapshots", str(keep)]
+        epochs = ["--epoch-records", str(ACCOUNTS)]  # the deposits in one, the transfers in many
+        cluster.start(workers=1, partitions=2, snapshot_ms=200, extra=[*retention, *epochs])
+
+    command_log = f"{cluster.name}.cmd"
+    cluster.kafka.create_topics([f"{cluster.name}.in.ops"])
+    cluster.produce(0, deposits=True)  # there before the start: all in epoch 0, a snapshot
+    start()
+    (young,) = _idle(cluster)
+    position = young.command_log_position
+    assert cluster.kafka.watermarks(command_log) == (position, position + 1)  # a marker left
+    cluster.stop()
+
+    start()
+    end, running = cluster.kafka.end_offset(command_log), cluster.processes[-1]
+    cluster.produce(800)  # 20 epochs: the stop comes right after the first
+    logged = lambda: cluster.kafka.end_offset(command_log) > end  # noqa: E731
+    wait_until(logged, 60, "no epoch logged", lambda: running.poll() is None, cluster.log)
+    cluster.stop()
+    assert f"going on from it topic={command_log} ssid=0" in cluster.log()
+    assert len(cluster.egress()) < cluster.transfers, "stopped busy"
+
+    start()
+    cluster.produce(100)
+    assert len(_idle(cluster)) <= keep
+    cluster.check_against_the_oracle()
+    cluster.check_snapshots_against_the_oracle()
+    cluster.stop()
+
+
+def _idle(cluster: Cluster) -> list[Manifest]:
+    """Waits until every input is out, the latest snapshot covers it and ends the log (nothing
+    left to run after it), and retention trimmed the log back to the oldest snapshot kept."""
+    running, command_log = cluster.processes[-1], f"{cluster.name}.cmd"
+
+    def idle() -> bool:
+        manifests = cluster.snapshots().manifests()
+        if not manifests:
+            return False
+        latest = manifests[-1]
+        low, high = cluster.kafka.watermarks(command_log)
+        covered = sum(o for k, o in latest.input_positions.items() if k.endswith(".in.ops:0"))
+        ends = high == latest.command_log_position + 1 and not carried_of(latest)
+        trimmed = low == manifests[0].command_log_position
+        return covered == cluster.produced and ends and trimmed
+
+    assert len(cluster.wait_for_egress()) == cluster.transfers, cluster.log()
+    wait_until(idle, 60, "not idle", lambda: running.poll() is None, cluster.log)
+    return cluster.snapshots().manifests()
 
 
 def test_the_supervisor_sees_a_layout_written_after_a_zombies_open_transaction(

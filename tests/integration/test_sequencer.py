@@ -25,11 +25,12 @@ from confluent_kafka.admin import ConfigResource
 from epochal.config import KafkaConfig, SequencerConfig
 from epochal.errors import LogError, LogTruncatedError
 from epochal.log.client import KafkaClients
-from epochal.log.command_log import KafkaCommandLog, chunk_epoch
+from epochal.log.command_log import KafkaCommandLog, LoggedEpoch, chunk_epoch
 from epochal.log.ordering import Routed
 from epochal.log.sequencer import Sequencer
 from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import ClientRequest, CommandTxn, DeadLetter, EpochRecord, Origin
+from epochal.schemas.snapshots import Manifest
 from tests.unit.log.fuzz_app import Blob, Poke, app
 
 pytestmark = pytest.mark.integration
@@ -50,10 +51,14 @@ class _Renamed:
         return app.route_request(handler, event)
 
 
-def _sequencer(kafka: KafkaClients, name: str, **settings: Any) -> Sequencer:
+def _sequencer(
+    kafka: KafkaClients, name: str, snapshot: Manifest | None = None, **settings: Any
+) -> Sequencer:
     settings.setdefault("snapshot_interval_ms", 0)  # epochs counted here are the input's only
     config = SequencerConfig(name, epoch_ms=50, **settings)
-    return Sequencer(config, kafka, _Renamed(name), ["things"], "code")
+    return Sequencer(
+        config, kafka, _Renamed(name), ["things"], "code", latest_snapshot=lambda: snapshot
+    )
 
 
 @pytest.fixture
@@ -460,6 +465,64 @@ def test_a_worker_reading_a_truncated_command_log_gets_log_truncated_error(
         "partition": 0,
         "missing": f"0..{end - 1}",
     }
+
+
+def test_a_log_trimmed_back_to_a_snapshot_at_its_end_goes_on_from_the_snapshot(
+    kafka: KafkaClients, name: str, sequencer: Sequencer
+) -> None:
+    """Retention trims the log back to the oldest snapshot kept; when that one ends at the log's
+    end no epoch is left, and the sequencer goes on from the latest snapshot's row: the next
+    epoch, a monotonic clock, each input once. Trimmed past that snapshot, it stops."""
+    topic, command_log = f"{name}.in.things", f"{name}.cmd"
+    with running(sequencer) as run:
+        for i in range(2):
+            _produce(kafka, topic, [_blob(str(i))])
+            _wait_for(lambda i=i: len(_epochs(kafka, name)) == i + 1, f"epoch {i}", run)
+    first, last = KafkaCommandLog(kafka, command_log).epochs(to_end=True)
+    racing = _TrimmedOnce(kafka.config, command_log, before=first.position + 1)
+    tail = KafkaCommandLog(racing, command_log).tail(lambda: None)  # trimmed while read
+    assert tail is not None and tail.epoch == last.record.epoch
+    _delete_records(kafka, command_log, 0, before=last.position + 1)  # retention, keep=1
+    assert list(KafkaCommandLog(kafka, command_log).epochs(last.position + 1, to_end=True)) == []
+    _produce(kafka, topic, [_blob("2")])
+
+    older = _manifest(first)  # the records after it are gone: no going on from there
+    with pytest.raises(LogTruncatedError) as raised:
+        _sequencer(kafka, name, older).run(_after(WAIT_S))
+    missing = f"{first.position + 1}..{last.position}"
+    assert raised.value.context == {"topic": command_log, "partition": 0, "missing": missing}
+
+    end = kafka.end_offset(command_log)
+    with running(_sequencer(kafka, name, _manifest(last))) as run:
+        _wait_for(lambda: kafka.end_offset(command_log) > end, "an epoch after the snapshot", run)
+    (logged,) = KafkaCommandLog(kafka, command_log).epochs(last.position + 1, to_end=True)
+    assert logged.record.epoch == last.record.epoch + 1
+    assert logged.record.now_ms >= last.record.now_ms
+    assert [t.source.offset for t in logged.record.txns if t.source] == [2]
+
+
+class _TrimmedOnce(KafkaClients):
+    """Retention trims ``topic`` right after a reader learnt where it starts: worker 0 committing
+    a snapshot while a restarted sequencer reads the log's tail."""
+
+    def __init__(self, config: KafkaConfig, topic: str, before: int) -> None:
+        super().__init__(config)
+        self.trim: tuple[str, int] | None = (topic, before)
+
+    def watermarks(self, topic: str, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        bounds = super().watermarks(topic, *args, **kwargs)
+        if self.trim is not None and self.trim[0] == topic:
+            _delete_records(self, topic, 0, before=self.trim[1])
+            self.trim = None
+        return bounds
+
+
+def _manifest(logged: LoggedEpoch) -> Manifest:
+    """The row of a snapshot taken at ``logged``: where the log stood after it."""
+    record = logged.record
+    positions = dict(record.next_offsets)
+    at = (record.epoch, record.epoch, record.now_ms, logged.position + 1, positions)
+    return Manifest(*at, {}, {}, {}, "0", b"", 1, "code")
 
 
 def test_a_client_retry_is_sequenced_once_across_a_sequencer_restart(
