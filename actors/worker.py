@@ -165,9 +165,9 @@ class Worker:
         loop = asyncio.get_running_loop()
         writers = await loop.run_in_executor(None, self._open_egress, engine)
         taking = _Snapshotting(self, engine, peers, writers) if self.snapshots is not None else None
-        if peers is not None:
+        queries = await self._serve_queries(engine)  # before peers connect: a taken port
+        if peers is not None:  # ends the start with nothing to cancel
             await peers.start()
-        queries = await self._serve_queries(engine)
         progress = _Progress.after(resumed)
         poller, head = await self._epochs_from(progress, writers, resumed)
         recovery = _Recovery(self, progress.next, head, started, resumed, queries=queries)

@@ -139,14 +139,24 @@ def _child_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
 
+def _unrecoverable_file(config: ClusterConfig, app: str) -> Path:
+    """Where a child that cannot go on writes why, for the supervisor's last line."""
+    return config.run_dir / app / "unrecoverable.txt"
+
+
 @contextlib.contextmanager
-def _exit_if_unrecoverable(role: str) -> Iterator[None]:
-    """A truncated log, a log of other code, a wrong configuration: no restart can help, so the
-    child says so with :data:`EXIT_UNRECOVERABLE` and the supervisor stops instead of looping."""
+def _exit_if_unrecoverable(role: str, record: Path) -> Iterator[None]:
+    """A truncated log, a log of other code, a wrong configuration, a port taken: no restart
+    can help, so the child writes why to ``record`` and exits with :data:`EXIT_UNRECOVERABLE`,
+    and the supervisor stops instead of looping. The file, not only the exit code, tells the
+    supervisor: the child leaves the cluster's group before it exits, and a supervisor that
+    acts on the group first kills it, exit code and all."""
     try:
         yield
     except (RecoveryError, ConfigError) as exc:
         logger.error("%s cannot go on: %s", role, exc)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(f"{role} cannot go on: {exc}")
         sys.exit(EXIT_UNRECOVERABLE)
 
 
@@ -185,7 +195,7 @@ def _sequencer_main(config: ClusterConfig, name: MemberName, parent: int) -> Non
         return stop()
 
     try:
-        with _exit_if_unrecoverable("sequencer"):
+        with _exit_if_unrecoverable("sequencer", _unrecoverable_file(config, app.name)):
             sequencer.run(should_stop)
     finally:
         membership.stop()
@@ -199,14 +209,17 @@ def _worker_main(config: ClusterConfig, worker: WorkerConfig, parent: int) -> No
     stop = _Stop(handle_sigint=False)
     _child_logging()
     app = load_app(config.app_spec, config.app_name)
+    record = _unrecoverable_file(config, app.name)
     try:
-        with _exit_if_unrecoverable(f"worker {worker.worker}"):
+        with _exit_if_unrecoverable(f"worker {worker.worker}", record):
             Worker(app, worker, config.kafka, _snapshots(config, app)).run(stop)
     except TransportError as exc:
-        if not stop():
-            raise
-        # workers stop each at its own epoch: one may go while another still waits for it
-        logger.info("worker stopped as its peers did worker=%d: %s", worker.worker, exc)
+        if stop():  # workers stop each at its own epoch: one may go while another still waits
+            logger.info("worker stopped as its peers did worker=%d: %s", worker.worker, exc)
+            return
+        # a lost peer is the supervisor's to handle (a rollback), not a bug to trace back
+        logger.error("worker lost a peer worker=%d: %s", worker.worker, exc)
+        sys.exit(1)
 
 
 class Supervisor:
@@ -232,6 +245,7 @@ class Supervisor:
         set_title(f"epochal: supervisor of {self.app_name}")
         os.environ["PYTHONHASHSEED"] = "0"  # inherited by every spawned child
         stop = _Stop(handle_sigint=True)
+        _unrecoverable_file(self.config, self.app_name).unlink(missing_ok=True)  # an old run's
         self._ensure_topics()
         group = GroupObserver(
             KafkaClients(self.config.kafka),
@@ -251,8 +265,12 @@ class Supervisor:
             self._stop([*self.workers, *([self.sequencer] if self.sequencer else [])])
         return 0
 
-    def _lost(self, group: GroupObserver) -> list[Lost]:
-        """Members that failed: exited processes first, then what the group says."""
+    def _stop_if_unrecoverable(self) -> None:
+        """A child that cannot go on ends the run, with its reason as the last line."""
+        record = _unrecoverable_file(self.config, self.app_name)
+        if record.exists():
+            reason = record.read_text()
+            raise RecoveryError(f"{reason} (restarting would not help; the cluster stops)")
         for role, process in [("sequencer", self.sequencer), *(
             (f"worker {w}", p) for w, p in enumerate(self.workers)
         )]:  # fmt: skip
@@ -261,6 +279,10 @@ class Supervisor:
                     f"the {role} cannot go on and restarting would not help (its log above "
                     "says why); the cluster stops", app=self.app_name,
                 )  # fmt: skip
+
+    def _lost(self, group: GroupObserver) -> list[Lost]:
+        """Members that failed: exited processes first, then what the group says."""
+        self._stop_if_unrecoverable()
         lost = []
         if self.sequencer is not None and not self.sequencer.is_alive():
             lost.append(Lost(self.sequencer_name, f"exited code={self.sequencer.exitcode}"))
@@ -289,6 +311,7 @@ class Supervisor:
         self._kill(
             [*self.workers, *([self.sequencer] if restart_sequencer and self.sequencer else [])]
         )
+        self._stop_if_unrecoverable()  # one the group reported gone may have said so meanwhile
         delay = self.backoff.delay(time.monotonic())
         if delay:
             logger.warning(
