@@ -38,7 +38,7 @@ from epochal.log.local_broker import LocalBroker
 if TYPE_CHECKING:
     from epochal.supervisor import ClusterConfig
 
-__all__ = ["main"]
+__all__ = ["entry", "main"]
 
 console = Console(stderr=True)
 _BROKER_CHECK_S = 10.0  # how long `epochal run` waits for a first answer from the broker
@@ -653,7 +653,9 @@ def _with_fixed_hash_seed(argv: Sequence[str] | None) -> None:
         os.execve(sys.executable, [sys.executable, "-m", "epochal.cli", *arguments], environment)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, exit_at_once: bool = False) -> int:
+    """Run one command; its exit code. ``exit_at_once`` (the console script) ends a command
+    that used Arrow without the interpreter's teardown (:func:`_exit_now`)."""
     args = _parser().parse_args(argv)
     if args.command in ("replay", "recover", "demo"):
         _with_fixed_hash_seed(argv)
@@ -664,9 +666,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.handler(args)
     except EpochalError as exc:
         console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        return 1
+        code = 1
+    if exit_at_once and args.command in _ARROW_COMMANDS:
+        _exit_now(code)
     return code
 
 
+def entry() -> None:
+    """The ``epochal`` console script."""
+    sys.exit(main(exit_at_once=True))
+
+
+# Commands that read Delta tables through pyarrow and delta-rs in this process.
+_ARROW_COMMANDS = frozenset({"snapshots", "replay", "recover", "sql"})
+
+
+def _exit_now(code: int) -> None:
+    """End the process once its work is done and said, skipping the interpreter's teardown.
+
+    Arrow's native thread pools can still be alive when Python tears down at exit, and a
+    thread destroyed then aborts the process (``terminate called without an active
+    exception``, exit code -6: Arrow issue #34314): a command that had printed its whole answer
+    would report a crash to the shell. Nothing is left to clean up here, so the output is
+    flushed and the process ends."""
+    logging.shutdown()
+    console.file.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -31,4 +31,4 @@ def test_wheel_holds_every_layer_under_epochal_and_the_poms(
         assert f"epochal/{module}" in names, module
     assert not any(name.startswith(("log/", "actors/", "tests/")) for name in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "epochal = epochal.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "epochal = epochal.cli:entry" in zipfile.ZipFile(wheel).read(entry_points).decode()
