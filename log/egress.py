@@ -76,16 +76,19 @@ class EgressState:
 def read_egress_state(
     clients: KafkaClients, app: str, committed: bool = True, timeout_s: float = 60.0
 ) -> EgressState:
-    """Read ``<app>.egress-positions`` to its end.
+    """Read ``<app>.egress-positions`` to its end: its high watermark.
 
     With ``committed`` (the default) only committed transactions count; a zombie's open
     transaction holds the read back until its writer is fenced or the transaction times out,
-    so open (and fence) this process's writers first.
+    so open (and fence) this process's writers first. The read must not stop at the last
+    stable offset: another process's zombie (a worker killed mid-commit) holds that before the
+    positions other writers committed after it, and a writer that missed its own would
+    release again what it released.
     """
     topic = TopicNames(app).egress_positions
     layout: EgressLayout | None = None
     positions: dict[int, EgressPosition] = {}
-    end = clients.end_offset(topic, committed=committed)  # past a zombie's open one, if not
+    end = clients.end_offset(topic, committed=False)
     for message in clients.read_range(topic, {0: (0, end)}, "reading egress positions",
                                       committed, timeout_s):  # fmt: skip
         key, value = message.key(), message.value() or b""

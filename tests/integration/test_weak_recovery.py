@@ -114,7 +114,8 @@ def test_the_weak_recovery_job_in_spark_resequences_the_input_after_the_snapshot
     cluster: Cluster, spark: SparkSession
 ) -> None:
     """The cluster stops; input arrives meanwhile; ``recover --mode weak`` re-sequences it in
-    Spark into a snapshot; the cluster resumes from that snapshot and releases its egress."""
+    Spark into a snapshot; the cluster resumes from that snapshot and releases its egress and
+    its dead letter, once."""
     cluster.start(workers=2, partitions=4, snapshot_ms=200, extra=WEAK)
     cluster.produce(200, deposits=True)
     cluster.wait_for_egress()
@@ -122,11 +123,13 @@ def test_the_weak_recovery_job_in_spark_resequences_the_input_after_the_snapshot
     cluster.stop()
     before = cluster.snapshots().manifests()[-1]
     cluster.produce(500)  # only the input topic holds these: there is no command log
+    cluster.produce_values([b"\xc1 not msgpack"])
     config = SnapshotConfig(str(cluster.warehouse), recovery="weak")
     report = recover_weak(app_named(cluster.name), config, spark, cluster.kafka.config,
                           max_records=120)  # fmt: skip
-    assert (report.from_ssid, report.transactions) == (before.ssid, 500)
-    assert report.records - 500 in (0, 1)  # and a worker's tick for waiting interior ones
+    assert (report.from_ssid, report.transactions, report.dead_letters) == (before.ssid, 500, 1)
+    assert report.records - 501 in (0, 1)  # and a worker's tick for waiting interior ones
+    assert cluster.dead_letters() == [], "held in the snapshot, released by the cluster"
     assert report.epochs == 5 and report.egress == 500  # 120 a piece; a report per transfer
     latest = cluster.snapshots().manifests()[-1]
     assert (latest.ssid, latest.digest, latest.recovery) == (report.ssid, report.digest, "weak")
@@ -139,7 +142,8 @@ def test_the_weak_recovery_job_in_spark_resequences_the_input_after_the_snapshot
     resumed = f"workers on the epoch feed ssid={report.ssid} "
     wait_until(lambda: resumed in cluster.log(), 30, "not resumed from the job's snapshot")
     cluster.produce(100)
-    _check_history(cluster)
+    _check_history(cluster)  # each input once, the dead letter included
+    assert [d.value for d in cluster.dead_letters()] == [b"\xc1 not msgpack"]
     cluster.stop()
 
 
