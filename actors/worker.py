@@ -12,12 +12,12 @@ writer last committed (``log/egress.py``), so a restart never repeats an output.
 the sequencer marks, it hands its changed actors to :class:`_Snapshotting` (written off the loop,
 committed by worker 0). In weak recovery the epochs come from the sequencer's feed instead of a
 log, and egress (and the dead letters the feed carries, on partition 0) is held until the
-snapshot that covers it commits. An epoch whose number
-does not follow the last one is refused: two sequencers wrote the log. When the epoch just run
-emitted interior transactions and no new epoch comes, worker 0 asks the sequencer for one (a
-*tick* on ``<app>.requests``), so an idle input never strands them. Anything that is not a
-handler's exception (a lost peer, Kafka failing, a bug) ends the process; the supervisor then
-rolls the whole cluster back to a new generation (DESIGN §2.9).
+snapshot that covers it commits. An epoch whose number does not follow the last one is
+refused: two sequencers wrote the log. When the epoch just run emitted interior transactions
+and no new epoch comes, worker 0 asks the sequencer for one (a *tick* on ``<app>.requests``),
+so an idle input never strands them. Anything that is not a handler's exception (a lost peer,
+Kafka failing, a bug) ends the process; the supervisor then rolls the whole cluster back to a
+new generation (DESIGN §2.9).
 """
 
 from __future__ import annotations
