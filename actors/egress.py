@@ -1,5 +1,5 @@
-"""What a cluster releases to egress topics, and how it changes its partition count without
-writing an output twice or never.
+"""What a cluster releases to egress topics (and, in weak mode, to the dead-letter topic), and
+how it changes its partition count without writing an output twice or never.
 
 The partition that reports a transaction (the lowest one among its keys' owners) depends on the
 partition count, and each partition's writer knows how far it has released egress
@@ -8,13 +8,25 @@ whether the old one released it. So before workers of a new count start,
 :func:`prepare_egress` finishes the old layout: it replays the command log in this process,
 releases through each old writer what it had not yet released, up to the log's end, and only
 then records the new layout as starting there.
+
+**Dead letters in weak mode.** In strong mode the sequencer writes an epoch's dead letters in
+the Kafka transaction that logs the epoch, so each is written once. Weak mode logs nothing, and
+after a rollback the sequencer re-sequences the input from the snapshot's positions: a dead
+letter it wrote directly for a record after the snapshot would be written again. So in weak
+mode the dead letters travel with their epoch over the feed and are held like egress
+(:func:`held_dead_letters`): partition 0 holds them in its outbox rows and its egress writer
+releases them when the snapshot that covers the epoch commits, under the same exactly-once
+positions (a rollback drops what was held, and the re-sequenced epochs hold it again; a crash
+after the commit releases it from the snapshot's ``outbox``). This reuses the one mechanism
+that already makes weak-mode output exactly once and never contradicted, instead of a second
+record of what was dead-lettered that recovery would have to read and trust.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from epochal.actors.api import App
@@ -31,15 +43,26 @@ from epochal.log.egress import (
     write_layout,
 )
 from epochal.schemas.codec import encode
+from epochal.schemas.commands import DeadLetter
 from epochal.schemas.egress import ClientReply, EgressLayout, EgressRecord
+from epochal.schemas.snapshots import OutboxRow
 
-__all__ = ["MAX_PENDING_EGRESS", "egress_records", "prepare_egress"]
+__all__ = [
+    "DEAD_LETTER_PARTITION",
+    "MAX_PENDING_EGRESS",
+    "egress_records",
+    "held_dead_letters",
+    "prepare_egress",
+]
 
 logger = logging.getLogger(__name__)
 
 MAX_PENDING_EGRESS = 50_000
 """A writer commits once it holds this many records, whatever the interval: a backlog drains in
 bounded transactions instead of filling the producer's queue."""
+
+DEAD_LETTER_PARTITION = 0
+"""The partition whose egress writer releases weak mode's dead letters: every layout has it."""
 
 
 def egress_records(app: App, outcome: TxnOutcome) -> list[tuple[str, bytes]]:
@@ -63,6 +86,13 @@ def egress_records(app: App, outcome: TxnOutcome) -> list[tuple[str, bytes]]:
                               o.request_id)  # fmt: skip
         records.append((app.topics.egress(aborts_to), encode(record)))
     return records
+
+
+def held_dead_letters(app: App, epoch: int, dead: Sequence[DeadLetter]) -> list[OutboxRow]:
+    """Weak mode: the dead letters of epoch ``epoch`` as outbox rows of
+    :data:`DEAD_LETTER_PARTITION`, released with the snapshot that covers the epoch."""
+    topic = app.topics.dead_letters
+    return [OutboxRow(epoch, DEAD_LETTER_PARTITION, topic, encode(d), d.key) for d in dead]
 
 
 def prepare_egress(
@@ -131,7 +161,7 @@ class _OldLayout:
         start = min(w.covered for w in writers)
         for row in self.snapshots.outbox(manifest, range(len(writers)), start):
             if row.epoch >= writers[row.partition].covered:
-                writers[row.partition].add(row.topic, row.value)
+                writers[row.partition].add(row.topic, row.value, row.key)
         for writer in writers:
             writer.commit(max(manifest.ssid + 1, writer.covered))
         return manifest.ssid + 1

@@ -106,14 +106,14 @@ class Snapshots(Protocol):
         reported: Sequence[Reported] = (),
     ) -> SnapshotPart:
         """Store one worker's changes for snapshot ``ssid``, not yet visible (any thread), with
-        the epochs it closes (``commands``, worker 0), the egress it holds (weak mode) and what
-        its transactions did since the last snapshot (``reported``)."""
+        the epochs it closes (``commands``, worker 0), the egress and dead letters it holds (weak
+        mode) and what its transactions did since the last snapshot (``reported``)."""
 
     def outbox(
         self, manifest: Manifest, partitions: Sequence[int], from_epoch: int
     ) -> list[OutboxRow]:
-        """Weak mode: the egress of ``partitions`` held by the snapshots up to ``manifest``,
-        from epoch ``from_epoch`` on, in order."""
+        """Weak mode: the egress and dead letters of ``partitions`` held by the snapshots up to
+        ``manifest``, from epoch ``from_epoch`` on, in order."""
 
     def commit(self, parts: Sequence[SnapshotPart], epoch: int) -> Manifest:
         """Make snapshot ``epoch`` visible from every worker's part, idempotently (one thread),

@@ -11,12 +11,13 @@ the command log after it; a partition produces egress only for epochs after the 
 writer last committed (``log/egress.py``), so a restart never repeats an output. At the epochs
 the sequencer marks, it hands its changed actors to :class:`_Snapshotting` (written off the loop,
 committed by worker 0). In weak recovery the epochs come from the sequencer's feed instead of a
-log, and egress is held until the snapshot that covers it commits. An epoch whose number
-does not follow the last one is refused: two sequencers wrote the log. When the epoch just run
-emitted interior transactions and no new epoch comes, worker 0 asks the sequencer for one (a
-*tick* on ``<app>.requests``), so an idle input never strands them. Anything that is not a
-handler's exception (a lost peer, Kafka failing, a bug) ends the process; the supervisor then
-rolls the whole cluster back to a new generation (DESIGN §2.9).
+log, and egress (and the dead letters the feed carries, on partition 0) is held until the
+snapshot that covers it commits. An epoch whose number does not follow the last one is
+refused: two sequencers wrote the log. When the epoch just run emitted interior transactions
+and no new epoch comes, worker 0 asks the sequencer for one (a *tick* on ``<app>.requests``),
+so an idle input never strands them. Anything that is not a handler's exception (a lost peer,
+Kafka failing, a bug) ends the process; the supervisor then rolls the whole cluster back to a
+new generation (DESIGN §2.9).
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epochal.actors.api import App
-from epochal.actors.egress import MAX_PENDING_EGRESS, egress_records
+from epochal.actors.egress import (
+    DEAD_LETTER_PARTITION,
+    MAX_PENDING_EGRESS,
+    egress_records,
+    held_dead_letters,
+)
 from epochal.actors.engine import Engine, EpochResult
 from epochal.actors.outcome import Emitted
 from epochal.actors.plan import ensure_same_code
@@ -320,7 +326,8 @@ class Worker:
     async def _release_held(
         self, writers: dict[PartitionId, EgressWriter], resumed: Manifest | None
     ) -> None:
-        """Weak mode: egress a committed snapshot held that a crash kept from going out."""
+        """Weak mode: the egress and dead letters a committed snapshot held that a crash kept
+        from going out."""
         if resumed is None or self.snapshots is None:
             return
         snapshots = self.snapshots
@@ -333,7 +340,7 @@ class Worker:
         for row in rows:
             writer = writers[PartitionId(row.partition)]
             if row.epoch >= writer.covered:
-                writer.add(row.topic, row.value)
+                writer.add(row.topic, row.value, row.key)
         await loop.run_in_executor(None, _commit_all, {p: writers[p] for p in owed},
                                    resumed.ssid + 1)  # fmt: skip
         logger.info("held egress released after a restart ssid=%d records=%d partitions=%s",
@@ -512,7 +519,8 @@ class _Snapshotting:
     worker's transactions did since the last one (their outcomes, for the ``commands`` archive);
     on worker 0, also collect every worker's part and commit (others send theirs over TCP),
     keeping the epochs since the last snapshot for the ``commands`` archive. In weak mode,
-    egress is held here until the snapshot that covers it commits, then released."""
+    egress and dead letters are held here until the snapshot that covers them commits, then
+    released."""
 
     def __init__(
         self,
@@ -547,8 +555,11 @@ class _Snapshotting:
             self._epochs.append(record)
 
     def hold(self, logged: LoggedEpoch, result: EpochResult) -> None:
-        """Weak mode: this epoch's egress waits for the snapshot that covers it."""
+        """Weak mode: this epoch's dead letters (on the worker of their partition) and egress
+        wait for the snapshot that covers it."""
         app, epoch = self.worker.app, logged.record.epoch
+        if DEAD_LETTER_PARTITION in self.writers:
+            self._held += held_dead_letters(app, epoch, logged.dead)
         for partition, outcomes in result.by_partition.items():
             for outcome in outcomes:
                 for topic, value in egress_records(app, outcome):
@@ -597,8 +608,8 @@ class _Snapshotting:
         self.release(manifest.ssid)
 
     def release(self, ssid: int) -> None:
-        """Snapshot ``ssid`` committed: in weak mode, the egress it (and any before) held goes
-        out, in one Kafka transaction per partition, recording ``ssid + 1`` as released."""
+        """Snapshot ``ssid`` committed: in weak mode, what it (and any before) held goes out,
+        in one Kafka transaction per partition, recording ``ssid + 1`` as released."""
         if not self.worker.weak:
             return
         ready = sorted(s for s in self._holding if s <= ssid)
@@ -608,7 +619,7 @@ class _Snapshotting:
     async def _release(self, rows: list[OutboxRow], ssid: int) -> None:
         async with self._releasing:
             for row in rows:
-                self.writers[PartitionId(row.partition)].add(row.topic, row.value)
+                self.writers[PartitionId(row.partition)].add(row.topic, row.value, row.key)
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, _commit_all, self.writers, ssid + 1)
 

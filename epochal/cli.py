@@ -333,8 +333,8 @@ def _recover_weak(args: argparse.Namespace, config: SnapshotConfig, spark: Any) 
         f"transactions, {report.dead_letters} dead letters) in {report.seconds:.1f} s"
     )
     console.print(f"  snapshot {report.ssid} committed, digest {report.digest}; it holds "
-                  f"{report.egress:,} egress records that `epochal run --recovery weak` "
-                  "releases")  # fmt: skip
+                  f"{report.egress:,} egress records and the dead letters, which "
+                  "`epochal run --recovery weak` releases")  # fmt: skip
     return 0
 
 

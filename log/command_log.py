@@ -29,7 +29,7 @@ from confluent_kafka import TopicPartition
 from epochal.errors import LogError, LogTruncatedError
 from epochal.log.client import KafkaClients, truncated_error
 from epochal.schemas.codec import decode, encode
-from epochal.schemas.commands import EpochRecord
+from epochal.schemas.commands import DeadLetter, EpochRecord
 from epochal.schemas.snapshots import Manifest
 
 __all__ = [
@@ -59,10 +59,14 @@ class EpochChunk(msgspec.Struct, frozen=True, array_like=True):
 
 @dataclass(frozen=True)
 class LoggedEpoch:
-    """An epoch and the command-log position of its final chunk."""
+    """An epoch and the command-log position of its final chunk. ``dead``: in weak mode, the
+    epoch's dead letters, which the feed carries to the workers to hold until a snapshot
+    covers the epoch (the command log never holds them: in strong mode the sequencer writes
+    them in the transaction that logs the epoch)."""
 
     position: int
     record: EpochRecord
+    dead: tuple[DeadLetter, ...] = ()
 
 
 @dataclass(frozen=True)

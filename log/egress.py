@@ -7,7 +7,9 @@ transaction covers. The position is exactly as durable as the egress it describe
 consumer group's offsets, Kafka never expires it (DESIGN §2.4, §2.9). A restarted partition
 replays silently up to its position and produces only after it; a zombie with the same id is
 fenced by ``init_transactions``, which also aborts its open transaction. One transaction may span
-many epochs: fewer commits, and egress is released when it commits (DESIGN §2.6).
+many epochs: fewer commits, and egress is released when it commits (DESIGN §2.6). In weak mode
+partition 0's writer also releases the dead letters (``actors/egress.py``), under the same
+positions.
 
 Which partition reports a transaction depends on the partition count, so a change of it must
 not change who is responsible for an output already decided: an :class:`EgressLayout` record
@@ -74,16 +76,19 @@ class EgressState:
 def read_egress_state(
     clients: KafkaClients, app: str, committed: bool = True, timeout_s: float = 60.0
 ) -> EgressState:
-    """Read ``<app>.egress-positions`` to its end.
+    """Read ``<app>.egress-positions`` to its end: its high watermark.
 
     With ``committed`` (the default) only committed transactions count; a zombie's open
     transaction holds the read back until its writer is fenced or the transaction times out,
-    so open (and fence) this process's writers first.
+    so open (and fence) this process's writers first. The read must not stop at the last
+    stable offset: another process's zombie (a worker killed mid-commit) holds that before the
+    positions other writers committed after it, and a writer that missed its own would
+    release again what it released.
     """
     topic = TopicNames(app).egress_positions
     layout: EgressLayout | None = None
     positions: dict[int, EgressPosition] = {}
-    end = clients.end_offset(topic, committed=committed)  # past a zombie's open one, if not
+    end = clients.end_offset(topic, committed=False)
     for message in clients.read_range(topic, {0: (0, end)}, "reading egress positions",
                                       committed, timeout_s):  # fmt: skip
         key, value = message.key(), message.value() or b""
@@ -137,15 +142,15 @@ class EgressWriter:
             raise translate_kafka_error(
                 exc, "cannot start egress", transactional_id=self.transactional_id
             ) from exc
-        self._pending: list[tuple[str, bytes]] = []
+        self._pending: list[tuple[str, bytes, bytes | None]] = []
         self.covered = 0  # set from read_egress_state once every writer of the process is open
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
-    def add(self, topic: str, value: bytes) -> None:
-        self._pending.append((topic, value))
+    def add(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        self._pending.append((topic, value, key))
 
     def commit(self, next_position: int) -> None:
         """Produce what is pending and record ``next_position`` as covered, atomically."""
@@ -154,8 +159,8 @@ class EgressWriter:
         position = EgressPosition(self.partition, self.partitions, next_position)
         try:
             self._producer.begin_transaction()
-            for topic, value in self._pending:
-                self._produce(topic, value)
+            for topic, value, key in self._pending:
+                self._produce(topic, value, key)
             self._produce(self.positions_topic, encode(position), _writer_key(self.partition))
             self._producer.commit_transaction(60)
         except KafkaException as exc:

@@ -4,8 +4,11 @@ In weak recovery (DESIGN §2.6) nothing is logged: the sequencer sends each epoc
 every worker, and the input topics are the only log. The workers connect to the sequencer and
 say which snapshot they resumed from (:class:`FeedHello`); the sequencer waits for all of them,
 checks they agree, and re-sequences the input from that snapshot's positions, numbering epochs
-from the one after it. Frames are a 4-byte length and msgpack. A worker going away is the
-sequencer's error (the cluster rolls back); the sequencer going away is the workers'.
+from the one after it. Each epoch travels with its dead letters (:class:`FedEpoch`), which the
+workers hold with the epoch's egress until a snapshot covers it, so that the re-sequencing
+after a rollback never writes one twice. Frames are a 4-byte length and msgpack. A worker
+going away is the sequencer's error (the cluster rolls back); the sequencer going away is the
+workers'.
 
 A slow worker slows the sequencer (a send waits on a full socket): backpressure, not an
 unbounded queue; the sequencer's loop keeps beating meanwhile, so waiting is not taken for a
@@ -24,9 +27,9 @@ import msgspec
 from epochal.config import Listener
 from epochal.errors import BindError, LogError
 from epochal.log.command_log import LoggedEpoch
-from epochal.schemas.commands import EpochRecord
+from epochal.schemas.commands import DeadLetter, EpochRecord
 
-__all__ = ["EpochFeed", "EpochFeedServer", "FeedClosed", "FeedHello", "stopping_soon"]
+__all__ = ["EpochFeed", "EpochFeedServer", "FedEpoch", "FeedClosed", "FeedHello", "stopping_soon"]
 
 _LENGTH = struct.Struct(">I")
 _MAX_FRAME = 1 << 30
@@ -59,6 +62,13 @@ class FeedHello(msgspec.Struct, frozen=True, array_like=True):
     next_epoch: int
     now_ms: int
     positions: dict[str, int]
+
+
+class FedEpoch(msgspec.Struct, frozen=True, array_like=True):
+    """The sequencer to the workers: an epoch and its dead letters."""
+
+    record: EpochRecord
+    dead: tuple[DeadLetter, ...] = ()
 
 
 def _frame(data: bytes) -> bytes:
@@ -126,11 +136,17 @@ class EpochFeedServer:
                            ssids={w: h.ssid for w, h in hellos.items()})  # fmt: skip
         return hellos[min(hellos)]
 
-    def send(self, record: EpochRecord, waiting: Callable[[], bool] = lambda: False) -> bool:
-        """Send to every worker. A worker busy with a backlog fills its socket: the send waits
-        (backpressure), calling ``waiting()`` every ``_WAIT_S`` meanwhile so the sequencer's
-        loop still counts as alive; if that returns True (stopping), False is returned."""
-        data = _frame(msgspec.msgpack.encode(record))
+    def send(
+        self,
+        record: EpochRecord,
+        dead: tuple[DeadLetter, ...] = (),
+        waiting: Callable[[], bool] = lambda: False,
+    ) -> bool:
+        """Send ``record`` and its ``dead`` letters to every worker. A worker busy with a
+        backlog fills its socket: the send waits (backpressure), calling ``waiting()`` every
+        ``_WAIT_S`` meanwhile so the sequencer's loop still counts as alive; if that returns
+        True (stopping), False is returned."""
+        data = _frame(msgspec.msgpack.encode(FedEpoch(record, dead)))
         for worker, conn in self._peers.items():
             view = memoryview(data)
             while view:
@@ -167,14 +183,14 @@ class EpochFeed:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.sendall(_frame(msgspec.msgpack.encode(hello)))
         self._buffer = bytearray()
-        self._decoder = msgspec.msgpack.Decoder(EpochRecord)
+        self._decoder = msgspec.msgpack.Decoder(FedEpoch)
 
     def poll(self, timeout_s: float, max_epochs: int = 16) -> list[LoggedEpoch]:
         out: list[LoggedEpoch] = []
         self._sock.settimeout(timeout_s)
         while len(out) < max_epochs:
-            record = self._next_frame()
-            if record is None:
+            fed = self._next_frame()
+            if fed is None:
                 try:
                     chunk = self._sock.recv(1 << 20)
                 except (TimeoutError, BlockingIOError):
@@ -186,10 +202,10 @@ class EpochFeed:
                 self._buffer += chunk
                 self._sock.settimeout(0.0 if out else timeout_s)
                 continue
-            out.append(LoggedEpoch(record.epoch, record))
+            out.append(LoggedEpoch(fed.record.epoch, fed.record, fed.dead))
         return out
 
-    def _next_frame(self) -> EpochRecord | None:
+    def _next_frame(self) -> FedEpoch | None:
         if len(self._buffer) < _LENGTH.size:
             return None
         (length,) = _LENGTH.unpack_from(self._buffer)

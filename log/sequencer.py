@@ -25,9 +25,12 @@ Start, in this order (DESIGN §2.9):
 
 In weak recovery (``recovery="weak"``, DESIGN §2.6) nothing is logged: the sequencer waits
 for the workers on its epoch feed (:mod:`epochal.log.epoch_feed`), resumes from the snapshot
-they resumed from (its epoch, time and input positions), and sends each epoch to them. Dead
-letters are then written without a transaction (a re-sequenced record may be dead-lettered
-again), and group offsets are not committed: the snapshot manifest holds the positions.
+they resumed from (its epoch, time and input positions), and sends each epoch to them with its
+dead letters. The sequencer writes none itself: after a rollback it re-sequences the records
+after the snapshot, and would write their dead letters again. The workers hold them with the
+epoch's egress and release them when a snapshot covers the epoch, exactly once
+(``actors/egress.py``). Group offsets are not committed: the snapshot manifest holds the
+positions.
 
 Only records make dead letters: anything else that fails (Kafka down, fenced, a truncated log)
 raises our error and ends the process; recovery takes over.
@@ -176,9 +179,9 @@ class Sequencer:
         if self.config.metrics_port:
             serve_metrics(self.metrics, self.config.metrics_port, "the sequencer")
         feed: EpochFeedServer | None = None
+        producer: Producer | None = None  # weak mode writes nothing to Kafka
         if self.config.recovery == "weak":
             feed = EpochFeedServer(self.config.feed, self.config.workers, self.config.generation)
-            producer = self.clients.producer(**{"enable.idempotence": True, "linger.ms": 0})
             try:
                 resumed = self._resume_from_workers(feed, should_stop)
             except BaseException:
@@ -209,8 +212,9 @@ class Sequencer:
                     continue  # nothing consumed, nothing logged (workers send ticks if need be)
                 sequenced = self._order(state, records, now_ms)
                 if feed is None:
+                    assert producer is not None, "strong mode logs through its producer"
                     self._log(producer, consumer, sequenced)
-                elif not self._send(feed, producer, consumer, sequenced, should_stop):
+                elif not self._send(feed, consumer, sequenced, should_stop):
                     return  # the workers stopped first: a clean stop
                 state.advance(sequenced)
                 self.schedule.logged(now_ms, sequenced.record.snapshot)
@@ -408,25 +412,18 @@ class Sequencer:
         self.metrics.inc("epochal_epoch_commit_seconds_sum", time.monotonic() - started)
 
     def _send(
-        self, feed: EpochFeedServer, producer: Producer, consumer: Consumer,
-        sequenced: SequencedEpoch, should_stop: Callable[[], bool],
+        self, feed: EpochFeedServer, consumer: Consumer, sequenced: SequencedEpoch,
+        should_stop: Callable[[], bool],
     ) -> bool:  # fmt: skip
-        """Weak mode: dead letters out (no transaction), then the epoch to every worker; False
-        if they are gone because the cluster stops."""
+        """Weak mode: the epoch and its dead letters to every worker, which hold the dead
+        letters until a snapshot covers the epoch; False if they are gone because the cluster
+        stops."""
         started = time.monotonic()
         record = sequenced.record
+        for dead in sequenced.dead:
+            self._warn_dead(dead)
         try:
-            for dead in sequenced.dead:
-                self._warn_dead(dead)
-                producer.produce(self.names.dead_letters, encode(dead), key=dead.key)
-            if sequenced.dead:
-                producer.flush(_KAFKA_TIMEOUT_S)
-        except KafkaException as exc:
-            raise translate_kafka_error(
-                exc, "cannot write dead letters", epoch=record.epoch
-            ) from exc
-        try:
-            if not feed.send(record, waiting=should_stop):
+            if not feed.send(record, sequenced.dead, waiting=should_stop):
                 return False
         except FeedClosed:
             if stopping_soon(should_stop):
@@ -451,9 +448,11 @@ class Sequencer:
         self.metrics.set("epochal_input_lag", lag)
 
 
-def _flush(producer: Producer) -> None:
-    """Flush on the way out; a fenced producer raises here too, and the error that ended the loop
-    is the one to report, not this one."""
+def _flush(producer: Producer | None) -> None:
+    """Flush on the way out (weak mode has no producer); a fenced producer raises here too, and
+    the error that ended the loop is the one to report, not this one."""
+    if producer is None:
+        return
     try:
         producer.flush(5)
     except KafkaException as exc:

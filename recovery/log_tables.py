@@ -7,9 +7,10 @@
   parents emitted (they are never logged). Rows are written without outcomes by whoever
   archives the epochs (worker 0); each worker knows only the outcomes its partitions report, so
   the committer joins every worker's onto them (:func:`with_outcomes`) before the commit.
-- ``<app>/outbox``: in weak mode, the egress of the epochs a snapshot covers. It is released
-  only once the snapshot commits; a worker that finds a committed snapshot whose egress its
-  partition had not yet released (a crash between the two) releases it from here.
+- ``<app>/outbox``: in weak mode, the egress and the dead letters of the epochs a snapshot
+  covers. They are released only once the snapshot commits; a worker that finds a committed
+  snapshot whose rows its partition had not yet released (a crash between the two) releases
+  them from here.
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ OUTBOX_SCHEMA = pa.schema([
     pa.field("partition", pa.int64(), nullable=False),
     pa.field("topic", pa.string(), nullable=False),
     pa.field("value", pa.binary(), nullable=False),
+    pa.field("key", pa.binary()),
 ])  # fmt: skip
+"""``key`` (added later: null in rows written before) is a dead letter's Kafka key."""
 
 
 def _event_json(app: App, handler: str, event: bytes) -> str | None:
@@ -244,6 +247,7 @@ def outbox_table(ssid: int, rows: Sequence[OutboxRow]) -> pa.Table:
             "partition": pa.array([r.partition for r in rows], pa.int64()),
             "topic": pa.array([r.topic for r in rows], pa.string()),
             "value": pa.array([r.value for r in rows], pa.binary()),
+            "key": pa.array([r.key for r in rows], pa.binary()),
         },
         schema=OUTBOX_SCHEMA,
     )

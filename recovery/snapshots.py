@@ -440,8 +440,9 @@ class DeltaSnapshots:
     def outbox(
         self, manifest: Manifest, partitions: Sequence[int], from_epoch: int
     ) -> list[OutboxRow]:
-        """The held egress of ``partitions`` from epoch ``from_epoch`` up to snapshot
-        ``manifest``, in the order it was produced (weak mode: what a crash kept from release)."""
+        """The held egress and dead letters of ``partitions`` from epoch ``from_epoch`` up to
+        snapshot ``manifest``, in the order they were held (weak mode: what a crash kept from
+        release). A table written before dead letters were held has no ``key``: None."""
         version = manifest.log_versions.get("outbox")
         if version is None or not partitions:
             return []
@@ -452,7 +453,7 @@ class DeltaSnapshots:
         table = table.sort_by([("_epoch", "ascending"), ("partition", "ascending"),
                                ("_n", "ascending")])  # fmt: skip
         return [
-            OutboxRow(row["_epoch"], row["partition"], row["topic"], row["value"])
+            OutboxRow(row["_epoch"], row["partition"], row["topic"], row["value"], row.get("key"))
             for row in table.to_pylist()
         ]
 

@@ -11,13 +11,15 @@ the application's own handlers, and commits one snapshot at the last epoch:
   record timestamp (a k-way merge, so a producer's out-of-order timestamps never reorder a
   partition). Epochs hold ``max_records`` each, as the sequencer's would; the epoch's time is
   its latest record's timestamp (never going back), its seed derives from the epoch number.
-  The same input always gives the same epochs. Records that cannot become transactions go to
-  the dead-letter topic, as the sequencer sends them.
+  The same input always gives the same epochs. Records that cannot become transactions become
+  dead letters, as the sequencer makes them.
 - **Replay** runs in one ordered pass on the driver: re-sequencing fixes one total order, and
   the replay of a backlog of ``n`` records is the same work the engine would do on restart.
 - **Egress** of the replayed epochs is held in the snapshot's ``outbox`` rows, for the
-  partitions of the snapshot's layout; the cluster, restarted, releases it (exactly once:
-  each partition releases only the epochs after those it already released). The epochs are
+  partitions of the snapshot's layout, and so are their dead letters (on partition 0, as the
+  workers hold them); the cluster, restarted, releases them (exactly once: each partition
+  releases only the epochs after those it already released). The job writes nothing to
+  Kafka itself: a job run again, or a crash of it, writes no dead letter twice. The epochs are
   archived in ``commands``, with their outcomes, like any snapshot's.
 
 Run it while the cluster is stopped: both would otherwise sequence the same input.
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from epochal.actors.api import App
-from epochal.actors.egress import egress_records
+from epochal.actors.egress import egress_records, held_dead_letters
 from epochal.actors.engine import Engine
 from epochal.actors.snapshots import carried_of, with_log_position
 from epochal.config import KafkaConfig, SnapshotConfig
@@ -45,7 +47,6 @@ from epochal.errors import RecoveryError
 from epochal.log.client import KafkaClients
 from epochal.log.ordering import EpochStamp, SequencedEpoch, order, position_key
 from epochal.recovery.snapshots import DeltaSnapshots
-from epochal.schemas.codec import encode
 from epochal.schemas.commands import EpochRecord, InputRecord
 from epochal.schemas.snapshots import Manifest, OutboxRow
 
@@ -57,8 +58,9 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class WeakRecoveryReport:
     """What a weak recovery did: from which snapshot, how many input records it re-sequenced
-    into how many epochs and transactions, the new snapshot (None if there was nothing to do),
-    its digest, and the egress records it holds for release."""
+    into how many epochs and transactions, and into how many dead letters, the new snapshot
+    (None if there was nothing to do), its digest, and the egress records it holds for release
+    (the dead letters are held too, not counted there)."""
 
     from_ssid: int
     records: int
@@ -197,14 +199,13 @@ def recover_weak(
     engine.load(restored.actors, manifest.epoch, carried_of(manifest))
     epochs: list[EpochRecord] = []
     outbox: list[OutboxRow] = []
-    dead = 0
+    dead: list[OutboxRow] = []
 
     async def replay() -> None:
-        nonlocal dead
         done = 0
         for sequenced in resequence(app, manifest, records, max_records):
             record = sequenced.record
-            dead += _dead_letters(clients, app, sequenced)
+            dead.extend(held_dead_letters(app, record.epoch, sequenced.dead))
             result = await engine.run_epoch(record)
             epochs.append(record)
             for partition, outcomes in result.by_partition.items():
@@ -222,7 +223,7 @@ def recover_weak(
                                   time.perf_counter() - started)  # fmt: skip
     last = epochs[-1]
     changes = engine.store.take_changes(last.epoch)
-    part = snapshots.write(last.epoch, 0, changes, commands=epochs, outbox=outbox,
+    part = snapshots.write(last.epoch, 0, changes, commands=epochs, outbox=dead + outbox,
                            reported=engine.take_reported())  # fmt: skip
     part = with_log_position(part, last, last.epoch + 1, engine.carried)
     committed = snapshots.commit([part], last.epoch)
@@ -230,18 +231,6 @@ def recover_weak(
     logger.info("weak recovery committed ssid=%d from_ssid=%d records=%d epochs=%d",
                 committed.ssid, manifest.ssid, len(records), len(epochs))  # fmt: skip
     return WeakRecoveryReport(
-        manifest.ssid, len(records), len(epochs), sum(len(e.txns) for e in epochs), dead,
+        manifest.ssid, len(records), len(epochs), sum(len(e.txns) for e in epochs), len(dead),
         committed.ssid, committed.digest, len(outbox), time.perf_counter() - started,
     )  # fmt: skip
-
-
-def _dead_letters(clients: KafkaClients, app: App, sequenced: SequencedEpoch) -> int:
-    """Records that cannot become transactions go to the DLQ, as the sequencer sends them (at
-    least once in weak mode)."""
-    if not sequenced.dead:
-        return 0
-    producer = clients.producer(**{"enable.idempotence": True})
-    for letter in sequenced.dead:
-        producer.produce(app.topics.dead_letters, encode(letter), key=letter.key)
-    producer.flush(30)
-    return len(sequenced.dead)

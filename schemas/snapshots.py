@@ -34,12 +34,14 @@ class LogFile(msgspec.Struct, frozen=True, array_like=True):
 
 
 class OutboxRow(msgspec.Struct, frozen=True, array_like=True):
-    """One egress record held until its snapshot commits: ``n`` orders a partition's records."""
+    """One record held until its snapshot commits (weak mode): an egress record, or a dead
+    letter (on ``<app>.dlq``, with its Kafka ``key``); a partition's rows keep their order."""
 
     epoch: int
     partition: int
     topic: str
     value: bytes
+    key: bytes | None = None
 
 
 class Outcomes(msgspec.Struct, frozen=True, array_like=True):

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import os
 import signal
+import threading
 import time
 import uuid
 
@@ -29,8 +30,8 @@ from epochal.log.egress import (
     write_layout,
 )
 from epochal.log.topics import TopicNames
-from epochal.schemas.codec import decode
-from epochal.schemas.egress import EgressLayout, EgressRecord
+from epochal.schemas.codec import decode, encode
+from epochal.schemas.egress import EgressLayout, EgressPosition, EgressRecord
 from epochal.schemas.snapshots import Manifest
 from tests.integration.cluster import ACCOUNTS, Cluster, gone, wait_until
 from tests.unit.actors.workload import Deposit, Transfer, app, command_log
@@ -231,3 +232,33 @@ def test_the_supervisor_sees_a_layout_written_after_a_zombies_open_transaction(
         assert read_egress_state(kafka, name, committed=False).layout == EgressLayout(3, 0)
     finally:
         zombie.abort_transaction(30)
+
+
+def test_a_worker_sees_positions_committed_after_another_workers_zombie_transaction(
+    kafka: KafkaClients,
+) -> None:
+    """Worker 1's writer commits its position after worker 0's killed writer left a
+    transaction open on the positions topic. Worker 1, restarted, must read that position (or
+    it releases again what it released): its committed read waits until worker 0's new writer
+    fences the zombie, instead of stopping at the last stable offset, before the position."""
+    name = f"zop{uuid.uuid4().hex[:8]}"
+    ensure_positions_topic(kafka, name)
+    write_layout(kafka, name, EgressLayout(2, 0))
+    zombie = EgressWriter(kafka, name, 0, 2)
+    zombie._producer.begin_transaction()  # killed in the middle of a commit
+    half_way = encode(EgressPosition(0, 2, 7))
+    zombie._producer.produce(TopicNames(name).egress_positions, half_way, b"writer:0")
+    assert zombie._producer.flush(30) == 0
+    released = EgressWriter(kafka, name, 1, 2)
+    released.commit(5)
+    restarted = EgressWriter(kafka, name, 1, 2)  # fences its own zombie only
+    fencing = threading.Timer(1.0, lambda: EgressWriter(kafka, name, 0, 2).close())
+    fencing.start()  # worker 0's new incarnation, starting meanwhile
+    try:
+        state = read_egress_state(kafka, name)
+    finally:
+        fencing.join(30)
+        for writer in (zombie, released, restarted):
+            writer.close()
+    assert state.start(1) == 5, "the position committed behind the open transaction"
+    assert state.start(0) == 0, "the zombie's transaction was aborted"

@@ -235,7 +235,10 @@ def test_snapshots_archive_their_epochs_and_hold_weak_egress_until_committed(
     results = asyncio.run(engine.run(records))
     cuts = [r.epoch for r in results if r.changes is not None]
     held = {
-        ssid: [OutboxRow(ssid, p % 4, f"t{p}", f"{ssid}/{p}".encode()) for p in range(10)]
+        ssid: [
+            OutboxRow(ssid, p % 4, f"t{p}", f"{ssid}/{p}".encode(), b"dlq-key" if p == 1 else None)
+            for p in range(10)
+        ]  # a dead letter keeps its key
         for ssid in cuts
     }
     start = 0

@@ -2,16 +2,17 @@
 sequencer sends epochs to the workers, egress waits for the snapshot that covers it, and a
 crash re-sequences the input from the latest snapshot's offsets.
 
-After ``kill -9`` of workers (one mid-snapshot), the history the snapshots archived
-(``<app>/commands``) must be a valid one: every input applied once, each input partition in
-order; the serial oracle run over it gives the latest snapshot's digest and each archived
-transaction's outcome, and every released egress record agrees with it (so nothing released
-was contradicted by the re-sequencing).
+After ``kill -9`` of workers (one mid-snapshot) or the sequencer, the history the snapshots
+archived (``<app>/commands``) must be a valid one: every input applied once (or dead-lettered
+once), each input partition in order; the serial oracle run over it gives the latest snapshot's
+digest and each archived transaction's outcome, and every released egress record agrees with
+it (so nothing released was contradicted by the re-sequencing).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -25,6 +26,7 @@ from epochal.config import SnapshotConfig
 from epochal.recovery.log_tables import epochs_of
 from epochal.recovery.spark_weak import recover_weak
 from epochal.schemas.commands import EpochRecord
+from tests.conftest import free_ports
 from tests.integration.cluster import Cluster, app_named, wait_until
 from tests.unit.actors.workload import app
 
@@ -69,8 +71,9 @@ def _covered(cluster: Cluster) -> int:
 
 def _check_history(cluster: Cluster) -> list[EpochRecord]:
     """Once every input is out: the history the latest snapshot archived applies each input
-    once, in its partition's order; the oracle over it gives the snapshot's digest; every
-    transfer's egress record is out once, as that history says, naming its input."""
+    once, in its partition's order, or the dead-letter topic holds it once; the oracle over it
+    gives the snapshot's digest; every transfer's egress record is out once, as that history
+    says, naming its input."""
     egress = cluster.wait_for_egress(timeout_s=90)
     wait_until(lambda: _covered(cluster) == cluster.produced, 30, "no snapshot covers the input")
     epochs, digest = _archived(cluster)
@@ -83,8 +86,14 @@ def _check_history(cluster: Cluster) -> list[EpochRecord]:
     ends = {p: cluster.kafka.end_offset(topic, p) for p in range(INPUT_PARTITIONS)}
     assert sum(ends.values()) == cluster.produced
     assert len([p for p, end in ends.items() if end]) > 1, "the input spans partitions"
+    dead: dict[int, list[int]] = {}
+    for letter in cluster.dead_letters():
+        if letter.topic == topic:
+            dead.setdefault(letter.partition, []).append(letter.offset)
     for partition, end in ends.items():  # each input once, in its partition's order
-        assert by_partition.get(partition, []) == list(range(end)), partition
+        applied = by_partition.get(partition, [])
+        assert applied == sorted(applied), partition
+        assert sorted(applied + dead.get(partition, [])) == list(range(end)), partition
     results = SerialOracle(app).run(epochs)
     assert results[-1].digest == digest, "the snapshot's state is the archived history's"
     _check_outcomes(cluster, results)
@@ -105,7 +114,8 @@ def test_the_weak_recovery_job_in_spark_resequences_the_input_after_the_snapshot
     cluster: Cluster, spark: SparkSession
 ) -> None:
     """The cluster stops; input arrives meanwhile; ``recover --mode weak`` re-sequences it in
-    Spark into a snapshot; the cluster resumes from that snapshot and releases its egress."""
+    Spark into a snapshot; the cluster resumes from that snapshot and releases its egress and
+    its dead letter, once."""
     cluster.start(workers=2, partitions=4, snapshot_ms=200, extra=WEAK)
     cluster.produce(200, deposits=True)
     cluster.wait_for_egress()
@@ -113,11 +123,13 @@ def test_the_weak_recovery_job_in_spark_resequences_the_input_after_the_snapshot
     cluster.stop()
     before = cluster.snapshots().manifests()[-1]
     cluster.produce(500)  # only the input topic holds these: there is no command log
+    cluster.produce_values([b"\xc1 not msgpack"])
     config = SnapshotConfig(str(cluster.warehouse), recovery="weak")
     report = recover_weak(app_named(cluster.name), config, spark, cluster.kafka.config,
                           max_records=120)  # fmt: skip
-    assert (report.from_ssid, report.transactions) == (before.ssid, 500)
-    assert report.records - 500 in (0, 1)  # and a worker's tick for waiting interior ones
+    assert (report.from_ssid, report.transactions, report.dead_letters) == (before.ssid, 500, 1)
+    assert report.records - 501 in (0, 1)  # and a worker's tick for waiting interior ones
+    assert cluster.dead_letters() == [], "held in the snapshot, released by the cluster"
     assert report.epochs == 5 and report.egress == 500  # 120 a piece; a report per transfer
     latest = cluster.snapshots().manifests()[-1]
     assert (latest.ssid, latest.digest, latest.recovery) == (report.ssid, report.digest, "weak")
@@ -130,7 +142,8 @@ def test_the_weak_recovery_job_in_spark_resequences_the_input_after_the_snapshot
     resumed = f"workers on the epoch feed ssid={report.ssid} "
     wait_until(lambda: resumed in cluster.log(), 30, "not resumed from the job's snapshot")
     cluster.produce(100)
-    _check_history(cluster)
+    _check_history(cluster)  # each input once, the dead letter included
+    assert [d.value for d in cluster.dead_letters()] == [b"\xc1 not msgpack"]
     cluster.stop()
 
 
@@ -157,6 +170,62 @@ def test_weak_recovery_applies_every_input_once_in_order_and_never_contradicts_e
                    log=cluster.log)  # fmt: skip
     cluster.produce(300)
     _check_history(cluster)
+    cluster.stop()
+
+
+def _sequenced_dead_letters(cluster: Cluster, workers: int) -> int:
+    """The dead letters the running sequencer counted: it counts an epoch's once it is done
+    with them (sent to the workers; in the at-least-once design, written)."""
+    text = cluster.metrics(cluster.metrics_port + workers)
+    found = re.search(r"^epochal_dead_letters_total\{.*\} ([0-9.]+)$", text, re.MULTILINE)
+    return int(float(found.group(1))) if found else 0
+
+
+def _resumed_ssids(cluster: Cluster) -> list[int]:
+    """The snapshot each sequencer started from (-1: none), in order."""
+    return [int(s) for s in re.findall(r"workers on the epoch feed ssid=(-?\d+) ", cluster.log())]
+
+
+def test_weak_mode_writes_each_dead_letter_once_although_workers_and_the_sequencer_die(
+    cluster: Cluster,
+) -> None:
+    """Malformed records are dead-lettered, then worker 0 (which holds partition 0, whose
+    egress writer releases the dead letters) and in a second round the sequencer are killed
+    before the next snapshot covers them. The rollback re-sequences them from the snapshot
+    before; the dead-letter topic still holds each once, and only once a snapshot covers it.
+    A sequencer that wrote them itself when it sequenced them writes them twice."""
+    metrics = free_ports(3)  # the sequencer's is the third
+    cluster.start(workers=2, partitions=4, metrics_port=metrics, snapshot_ms=3000, extra=WEAK)
+    cluster.produce(100, deposits=True)
+    bad: list[bytes] = []
+    for round_, role in enumerate(("worker", "sequencer")):
+        wait_until(lambda: _covered(cluster) == cluster.produced, 30, "no snapshot covers all")
+        generation, counted = cluster.generation(), _sequenced_dead_letters(cluster, 2)
+        resumed = len(_resumed_ssids(cluster))
+        values = [b"\xc1 not msgpack %d/%d" % (round_, i) for i in range(5)]
+        cluster.produce_values(values)
+        cluster.produce(20)
+        bad += values
+        expected = counted + len(values)
+        wait_until(lambda n=expected: _sequenced_dead_letters(cluster, 2) >= n, 10, "not sequenced")
+        assert not {d.value for d in cluster.dead_letters()} & set(values), "not held"
+        status = cluster.status()
+        pid = status["workers"][0] if role == "worker" else status["sequencer"]
+        os.kill(int(pid), signal.SIGKILL)
+        wait_until(
+            lambda g=generation: cluster.generation() > g, 30, "no rollback", log=cluster.log
+        )
+        wait_until(
+            lambda n=resumed: len(_resumed_ssids(cluster)) > n, 30, "no resume", log=cluster.log
+        )
+        ssid = _resumed_ssids(cluster)[-1]
+        (before,) = [m for m in cluster.snapshots().manifests() if m.ssid == ssid]
+        covered = sum(o for k, o in before.input_positions.items() if ".in.ops:" in k)
+        assert covered < cluster.produced, "the kill came after a snapshot covered them (slow?)"
+    cluster.produce(50)
+    wait_until(lambda: len(cluster.dead_letters()) >= len(bad), 30, "dead letters not released")
+    assert sorted(d.value for d in cluster.dead_letters()) == sorted(bad), "each once"
+    _check_history(cluster)  # each input once: as a transaction or as one dead letter
     cluster.stop()
 
 

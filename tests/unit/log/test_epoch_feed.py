@@ -1,6 +1,6 @@
 """Weak mode's epoch feed over real sockets: the sequencer learns where the workers resumed,
-every worker gets every epoch in order, and either end going away is an error the other sees
-(a clean stop aside)."""
+every worker gets every epoch in order with its dead letters, and either end going away is an
+error the other sees (a clean stop aside)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from epochal.errors import LogError
 from epochal.log.command_log import LoggedEpoch
 from epochal.log.epoch_feed import EpochFeed, EpochFeedServer, FeedClosed, FeedHello
-from epochal.schemas.commands import CommandTxn, EpochRecord, KeyRef
+from epochal.schemas.commands import CommandTxn, DeadLetter, EpochRecord, KeyRef
 from tests.conftest import free_ports
 
 
@@ -32,6 +32,14 @@ def _record(epoch: int, txns: int) -> EpochRecord:
     )  # fmt: skip
 
 
+def _dead(epoch: int) -> tuple[DeadLetter, ...]:
+    """Every third epoch has dead letters (a keyed one among them)."""
+    return tuple(
+        DeadLetter("malformed", "app.in.x", 0, epoch * 10 + i, b"\xc1", b"k" if i else None)
+        for i in range(2 if epoch % 3 == 0 else 0)
+    )
+
+
 def test_every_worker_gets_every_epoch_in_order_after_saying_where_it_resumed() -> None:
     address = f"127.0.0.1:{free_ports(1)}"
     server = EpochFeedServer(address, workers=2, generation=2)
@@ -43,7 +51,7 @@ def test_every_worker_gets_every_epoch_in_order_after_saying_where_it_resumed() 
         0, 7, 8, {"app.in.x:0": 42},
     )  # fmt: skip
     records = [_record(8 + i, txns=i * 50) for i in range(40)]  # some frames span many reads
-    sending = threading.Thread(target=lambda: [server.send(r) for r in records])
+    sending = threading.Thread(target=lambda: [server.send(r, _dead(r.epoch)) for r in records])
     sending.start()  # a worker that does not read holds the sender up: backpressure
     got: list[list[LoggedEpoch]] = [[] for _ in feeds]
     while any(len(g) < len(records) for g in got):  # workers read side by side
@@ -51,6 +59,7 @@ def test_every_worker_gets_every_epoch_in_order_after_saying_where_it_resumed() 
             epochs.extend(feed.poll(0.05, max_epochs=7))
     for epochs in got:
         assert [e.record for e in epochs] == records
+        assert [e.dead for e in epochs] == [_dead(r.epoch) for r in records]  # to hold them
         assert [e.position for e in epochs] == [r.epoch for r in records]
     sending.join(10)
     server.close()
