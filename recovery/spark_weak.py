@@ -39,6 +39,7 @@ from pyspark.sql import SparkSession
 from epochal.actors.api import App
 from epochal.actors.egress import egress_records
 from epochal.actors.engine import Engine
+from epochal.actors.partitioning import KeyRanges
 from epochal.actors.snapshots import carried_of, with_log_position
 from epochal.config import KafkaConfig, SnapshotConfig
 from epochal.errors import RecoveryError
@@ -191,7 +192,9 @@ def recover_weak(
     progress("reading the input", len(records), len(records))
     snapshots = DeltaSnapshots(app, config, manifest.partitions, clients)
     snapshots.ensure_tables(app.code_hash())
-    engine = Engine(app, manifest.partitions, snapshots=True)
+    points = manifest.points or None  # the snapshot's layout: its outbox rows are released
+    ranges = KeyRanges.of(app, manifest.partitions, points)  # by that layout's writers
+    engine = Engine(app, manifest.partitions, snapshots=True, ranges=ranges)
     engine.load(restored.actors, manifest.epoch, carried_of(manifest))
     epochs: list[EpochRecord] = []
     outbox: list[OutboxRow] = []

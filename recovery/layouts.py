@@ -1,0 +1,117 @@
+"""Which layout (partition count and split points) a cluster runs in its next generation.
+
+A layout changes only when a generation starts from a snapshot, through the path a change of
+partition count takes (``actors/egress.py``): the old layout's egress is finished first, so no
+output is written twice or never. The supervisor asks :func:`choose_layout` at every start, and
+:func:`skew_of` every so often while the cluster runs:
+
+- a new app (no layout recorded, no snapshot): the declared key samples, else the defaults;
+- another partition count: split points learned from the latest snapshot's keys;
+- the same count: kept, unless the latest snapshot shows its partitions holding skewed shares of
+  the actors and points learned from its keys would make them materially more even
+  (:func:`~epochal.actors.partitioning.rebalance_worth_it`).
+
+The learned points are equal-count quantiles of each type's keys: they balance actors, not the
+traffic each key gets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from deltalake import DeltaTable
+
+from epochal.actors.api import App
+from epochal.actors.partitioning import SKEW_FACTOR, KeyRanges, rebalance_worth_it, skewed
+from epochal.recovery.snapshots import DeltaSnapshots
+from epochal.schemas.commands import ActorKey
+from epochal.schemas.snapshots import Manifest
+
+__all__ = [
+    "LayoutChoice",
+    "LayoutSource",
+    "choose_layout",
+    "recorded_layout",
+    "skew_of",
+    "snapshot_keys",
+]
+
+
+class LayoutSource(Enum):
+    """Where a generation's layout comes from."""
+
+    NEW_APP = "new_app"  # declared key samples, else the defaults
+    KEPT = "kept"  # the layout in force
+    LEARNED = "learned"  # quantiles of the latest snapshot's keys
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    """A layout, where it comes from, and the actors each partition held before and would hold
+    under it (as far as a snapshot tells; empty without one)."""
+
+    ranges: KeyRanges
+    source: LayoutSource
+    before: list[int]
+    after: list[int]
+    ssid: int = -1
+
+
+def snapshot_keys(snapshots: DeltaSnapshots, manifest: Manifest) -> dict[str, list[ActorKey]]:
+    """Each actor type's keys in snapshot ``manifest`` (the key column only)."""
+    keys: dict[str, list[ActorKey]] = {}
+    for name in snapshots.app.actor_types:
+        version = manifest.state_versions.get(name)
+        if version is None:
+            continue
+        uri, options = snapshots.warehouse.state(name), snapshots.warehouse.options
+        table = DeltaTable(uri, version=version, storage_options=options)
+        keys[name] = table.to_pyarrow_table(columns=["_key"]).column("_key").to_pylist()
+    return keys
+
+
+def recorded_layout(app: App, manifest: Manifest) -> KeyRanges | None:
+    """The layout ``manifest`` was taken under, None if it does not say."""
+    return KeyRanges.of(app, manifest.partitions, manifest.points) if manifest.points else None
+
+
+def skew_of(
+    app: App, current: KeyRanges, manifest: Manifest, factor: float = SKEW_FACTOR
+) -> list[int] | None:
+    """The actors each partition held at ``manifest``, if it was taken under ``current`` and
+    they are skewed; else None (nothing to do, without reading a key)."""
+    if recorded_layout(app, manifest) != current or not manifest.partition_actors:
+        return None
+    shares = list(manifest.partition_actors)
+    return shares if skewed(shares, factor) else None
+
+
+def choose_layout(
+    app: App,
+    partitions: int,
+    current: KeyRanges | None,
+    snapshots: DeltaSnapshots | None,
+    factor: float = SKEW_FACTOR,
+) -> LayoutChoice:
+    """The layout the next generation runs (see the module's docstring)."""
+    manifests = snapshots.manifests() if snapshots is not None else []
+    if not manifests or snapshots is None:
+        if current is not None and current.partitions == partitions:
+            return LayoutChoice(current, LayoutSource.KEPT, [], [])
+        return LayoutChoice(KeyRanges.even(app, partitions), LayoutSource.NEW_APP, [], [])
+    latest = manifests[-1]
+    if current is not None and current.partitions == partitions:
+        known = recorded_layout(app, latest) == current and latest.partition_actors
+        if known and not skewed(latest.partition_actors, factor):
+            shares = list(latest.partition_actors)
+            return LayoutChoice(current, LayoutSource.KEPT, shares, shares, latest.ssid)
+    keys = snapshot_keys(snapshots, latest)
+    learned = KeyRanges.learned(app, partitions, keys)
+    after = learned.shares(keys)
+    if current is not None and current.partitions == partitions:
+        before = current.shares(keys)
+        if not rebalance_worth_it(before, after, factor):
+            return LayoutChoice(current, LayoutSource.KEPT, before, before, latest.ssid)
+        return LayoutChoice(learned, LayoutSource.LEARNED, before, after, latest.ssid)
+    return LayoutChoice(learned, LayoutSource.LEARNED, [], after, latest.ssid)
