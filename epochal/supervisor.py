@@ -159,8 +159,11 @@ class _Rebalancer:
 
 
 def _log_layout(choice: LayoutChoice, when: str) -> None:
-    """One line saying which layout the next generation runs and each partition's share."""
-    logger.info(
+    """One line saying which layout the next generation runs and each partition's share (a
+    warning when the layout changes to a learned one: the cluster rolls back for it)."""
+    level = logging.WARNING if choice.source is LayoutSource.LEARNED else logging.INFO
+    logger.log(
+        level,
         "key layout when=%s source=%s partitions=%d ssid=%d partition_actors_before=%s "
         "partition_actors_after=%s points=%s",
         when,

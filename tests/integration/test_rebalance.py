@@ -1,0 +1,109 @@
+"""A user's app with str keys and no ``key_sample`` on 2 workers: it starts with every key on
+one worker, and the cluster learns split points from its first snapshot, rebalances in a planned
+rollback, and ends with both workers doing comparable work, every input applied once and every
+egress record written once, as the serial oracle says."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import msgspec
+import pytest
+
+from epochal.actors.oracle import SerialOracle
+from epochal.actors.partitioning import KeyRanges
+from epochal.log.egress import read_egress_state
+from epochal.schemas.codec import decode
+from epochal.schemas.egress import EgressRecord
+from tests.conftest import free_ports
+from tests.integration.cluster import Cluster, wait_until
+from tests.integration.shop import Buy, Restock, app
+
+pytestmark = pytest.mark.integration
+
+SKUS = [f"sku-{i:04d}" for i in range(40)]
+
+
+def _buys(rng: random.Random, orders: list[int], count: int) -> list[bytes]:
+    picked = rng.sample(range(100_000), count)
+    orders += picked
+    return [
+        msgspec.msgpack.encode(Buy(f"o-{n}", rng.choice(SKUS), rng.randrange(1, 4))) for n in picked
+    ]
+
+
+def _worker_transactions(metrics: str) -> float:
+    """The transactions a worker's partitions took part in (each once per worker)."""
+    found = re.findall(r"^epochal_partition_transactions_total\{[^}]*\} (\S+)$", metrics, re.M)
+    return sum(float(v) for v in found)
+
+
+def test_unsampled_str_keys_end_spread_over_both_workers(cluster: Cluster) -> None:
+    cluster.app_spec = "tests.integration.shop:app"
+    rng, orders = random.Random(11), []
+    metrics = free_ports(3)
+    first = [msgspec.msgpack.encode(Restock(sku, 1000)) for sku in SKUS]
+    first += _buys(rng, orders, 400)
+    cluster.kafka.create_topics([f"{cluster.name}.in.orders"])  # in before the start: the
+    cluster.produce_values(first, topic="in.orders")  # first snapshot holds all of it
+    cluster.start(workers=2, partitions=4, metrics_port=metrics, snapshot_ms=1500,
+                  extra=["--rebalance-check-ms", "500"])  # fmt: skip
+
+    wait_until(lambda: cluster.generation() == 2, 40, "no rebalance", log=cluster.log)
+    logged = " ".join(cluster.log().split())  # the supervisor's lines wrap
+    assert "key layout when=rebalance" in logged and "source=learned" in logged, logged
+    assert "partition_actors_before=[0, 0, 400, 40]" in logged, logged  # all on worker 1
+    layout = read_egress_state(cluster.kafka, cluster.name, committed=False).layout
+    assert layout is not None and layout.points is not None
+    assert layout.points != KeyRanges.even(app, 4).recorded()  # learned, not the default
+
+    wait_until(lambda: _total(cluster) >= 0, 30, "the new generation serves no metrics")
+    before = [_worker_transactions(cluster.metrics(metrics + w)) for w in (0, 1)]
+    second = _buys(rng, orders, 400)
+    cluster.produce_values(second, topic="in.orders")
+    egress = _wait_for_egress(cluster, 800)
+    after = [_worker_transactions(cluster.metrics(metrics + w)) for w in (0, 1)]
+    work = [a - b for a, b in zip(after, before, strict=True)]
+    assert all(0.25 <= w / sum(work) <= 0.75 for w in work), work
+
+    produced = len(first) + len(second)
+    _check_against_the_oracle(cluster, egress, produced)
+    assert cluster.generation() == 2  # no second rebalance: the learned layout is even
+    cluster.stop()
+
+
+def _total(cluster: Cluster) -> float:
+    try:
+        return sum(_worker_transactions(cluster.metrics(cluster.metrics_port + w)) for w in (0, 1))
+    except OSError:
+        return -1.0
+
+
+def _egress(cluster: Cluster) -> list[EgressRecord]:
+    return [decode(v, EgressRecord) for s in ("out.receipts", "out.errors") for v in
+            cluster.read(s)]  # fmt: skip
+
+
+def _wait_for_egress(cluster: Cluster, count: int) -> list[EgressRecord]:
+    wait_until(lambda: len(_egress(cluster)) >= count, 40, "egress missing", log=cluster.log)
+    return _egress(cluster)
+
+
+def _check_against_the_oracle(cluster: Cluster, egress: list[EgressRecord], produced: int) -> None:
+    """Each input sequenced once; each buy's egress once, with the oracle's outcome; every
+    snapshot's state the oracle's at its epoch."""
+    epochs = cluster.epochs()
+    offsets = sorted(t.source.offset for e in epochs for t in e.txns if t.source)
+    assert offsets == list(range(produced))
+    results = SerialOracle(app).run(epochs)
+    expected = sorted(
+        (o.epoch, o.seq, o.committed, o.reason)
+        for r in results
+        for o in r.outcomes
+        if o.handler == "buy"
+    )
+    assert sorted((r.epoch, r.seq, r.committed, r.reason) for r in egress) == expected
+    digests = {r.epoch: r.digest for r in results}
+    manifests = cluster.snapshots_of(app).manifests()
+    assert manifests and all(m.digest == digests[m.epoch] for m in manifests)
