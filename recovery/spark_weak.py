@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+import msgspec
 from pyspark.sql import SparkSession
 
 from epochal.actors.api import App
@@ -226,6 +227,8 @@ def recover_weak(
     part = snapshots.write(last.epoch, 0, changes, commands=epochs, outbox=outbox,
                            reported=engine.take_reported())  # fmt: skip
     part = with_log_position(part, last, last.epoch + 1, engine.carried)
+    shares = {int(p): n for p, n in engine.store.actors.items()}
+    part = msgspec.structs.replace(part, points=ranges.recorded(), partition_actors=shares)
     committed = snapshots.commit([part], last.epoch)
     progress("committing", 1, 1)
     logger.info("weak recovery committed ssid=%d from_ssid=%d records=%d epochs=%d",
