@@ -5,6 +5,7 @@ egress record written once, as the serial oracle says."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 
@@ -13,12 +14,14 @@ import pytest
 
 from epochal.actors.oracle import SerialOracle
 from epochal.actors.partitioning import KeyRanges
+from epochal.actors.query_client import Client
 from epochal.log.egress import read_egress_state
+from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.codec import decode
 from epochal.schemas.egress import EgressRecord
 from tests.conftest import free_ports
 from tests.integration.cluster import Cluster, wait_until
-from tests.integration.shop import Buy, Restock, app
+from tests.integration.shop import Buy, Order, Restock, Stock, app
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +71,8 @@ def test_unsampled_str_keys_end_spread_over_both_workers(cluster: Cluster) -> No
     assert all(0.25 <= w / sum(work) <= 0.75 for w in work), work
 
     produced = len(first) + len(second)
-    _check_against_the_oracle(cluster, egress, produced)
+    sold, orders = _check_against_the_oracle(cluster, egress, produced)
+    _check_range_scans(cluster, sold, orders)
     assert cluster.generation() == 2  # no second rebalance: the learned layout is even
     cluster.stop()
 
@@ -90,13 +94,27 @@ def _wait_for_egress(cluster: Cluster, count: int) -> list[EgressRecord]:
     return _egress(cluster)
 
 
-def _check_against_the_oracle(cluster: Cluster, egress: list[EgressRecord], produced: int) -> None:
+def _check_range_scans(cluster: Cluster, sold: dict[str, int], orders: int) -> None:
+    """Range scans cross the learned split points (sku-0010, -0020, -0030) in key order."""
+    named = dataclasses.replace(app, name=cluster.name)
+    with Client(named, f"127.0.0.1:{cluster.query_base}", timeout_s=30) as client:
+        rows = client.scan(Stock, "sku-0005", "sku-0035")
+        assert [k for k, _ in rows] == SKUS[5:35]
+        assert {k: v.sold for k, v in rows} == {k: sold[k] for k in SKUS[5:35]}
+        assert len(client.scan(Order)) == orders
+
+
+def _check_against_the_oracle(
+    cluster: Cluster, egress: list[EgressRecord], produced: int
+) -> tuple[dict[str, int], int]:
     """Each input sequenced once; each buy's egress once, with the oracle's outcome; every
-    snapshot's state the oracle's at its epoch."""
+    snapshot's state the oracle's at its epoch. Returns the units sold of each sku and the
+    count of orders, in the oracle's final state."""
     epochs = cluster.epochs()
     offsets = sorted(t.source.offset for e in epochs for t in e.txns if t.source)
     assert offsets == list(range(produced))
-    results = SerialOracle(app).run(epochs)
+    oracle = SerialOracle(app)
+    results = oracle.run(epochs)
     expected = sorted(
         (o.epoch, o.seq, o.committed, o.reason)
         for r in results
@@ -107,3 +125,10 @@ def _check_against_the_oracle(cluster: Cluster, egress: list[EgressRecord], prod
     digests = {r.epoch: r.digest for r in results}
     manifests = cluster.snapshots_of(app).manifests()
     assert manifests and all(m.digest == digests[m.epoch] for m in manifests)
+    stock = {
+        r.key: decode_canonical(v, Stock)
+        for r, v in oracle.state.items()
+        if r.actor_type == "Stock"
+    }
+    orders = sum(1 for ref in oracle.state if ref.actor_type == "Order")
+    return {str(key): s.sold for key, s in stock.items()}, orders
