@@ -91,12 +91,19 @@ def skewed(shares: Sequence[int], factor: float = SKEW_FACTOR) -> bool:
     return total > 0 and max(shares) > bar * total / len(shares)
 
 
+_MIN_ACTORS = 10
+"""Actors per partition (on average) below which shares say too little to rebalance on: split
+points learned from a handful of keys would soon be skewed again."""
+
+
 def rebalance_worth_it(
     current: Sequence[int], learned: Sequence[int], factor: float = SKEW_FACTOR
 ) -> bool:
     """Move from a layout whose partitions hold ``current`` actors to one where they would hold
-    ``learned``? Only if the current one is skewed and the learned one materially better."""
-    return skewed(current, factor) and max(learned) <= _BETTER * max(current)
+    ``learned``? Only if the current one is skewed, the learned one materially better, and there
+    are enough actors to tell."""
+    enough = sum(current) >= _MIN_ACTORS * len(current)
+    return enough and skewed(current, factor) and max(learned) <= _BETTER * max(current)
 
 
 class KeyRanges:

@@ -328,14 +328,15 @@ def _snapshots(args: argparse.Namespace) -> int:
     snapshots = DeltaSnapshots(app, config, partitions=1)
     manifests = snapshots.manifests()
     table = Table(title=f"snapshots of {app.name} in {snapshots.warehouse.uri()}")
-    for column in ("ssid", "time (UTC)", "mode", "command log from", "actors", "state versions",
-                   "digest"):  # fmt: skip
+    for column in ("ssid", "time (UTC)", "mode", "command log from", "actors",
+                   "actors per partition", "state versions", "digest"):  # fmt: skip
         table.add_column(column)
     for m in manifests:
         when = datetime.datetime.fromtimestamp(m.time_ms / 1000, datetime.UTC)
         table.add_row(str(m.ssid), when.isoformat(timespec="milliseconds"), m.recovery,
                       str(m.command_log_position), str(dict(m.actors)),
-                      str(dict(m.state_versions)), m.digest[:16])  # fmt: skip
+                      str(m.partition_actors or "?"), str(dict(m.state_versions)),
+                      m.digest[:16])  # fmt: skip
     console.print(table)
     if not manifests:
         console.print("no complete snapshot yet")

@@ -87,7 +87,9 @@ def test_a_rebalance_needs_skew_and_a_materially_better_layout_so_it_cannot_loop
     assert not rebalance_worth_it(after, again)
     assert not skewed([3, 2, 2, 1]) and skewed([9, 1, 1, 1]) and not skewed([0, 0, 0, 0])
     assert skewed([1, 9]) and not skewed([3, 7])  # of 2 partitions: over 3/4 in one
-    assert not rebalance_worth_it([9, 1, 1, 1], [8, 2, 1, 1])  # skewed, but hardly better
+    assert not rebalance_worth_it([90, 10, 10, 10], [80, 20, 10, 10])  # hardly better
+    assert rebalance_worth_it([90, 10, 10, 10], [30, 30, 30, 30])
+    assert not rebalance_worth_it([9, 1, 1, 1], [3, 3, 3, 3])  # too few actors to tell
 
 
 def test_few_keys_keep_the_new_apps_points_and_one_key_stays_in_one_partition() -> None:
