@@ -6,9 +6,11 @@ with the other workers) → hand each partition's egress to its transactional wr
 egress every ``egress_interval_ms``, or sooner once a writer holds ``MAX_PENDING_EGRESS`` records
 (a backlog of any size drains in bounded transactions).
 
-A worker starts from the latest complete snapshot (or the log's start, without one) and replays
-the command log after it; a partition produces egress only for epochs after the position its
-writer last committed (``log/egress.py``), so a restart never repeats an output. At the epochs
+A worker runs the layout (which partition owns which keys) the supervisor recorded with the
+egress positions before the generation started, the same in every worker. It starts from the
+latest complete snapshot (or the log's start, without one) and replays the command log after
+it; a partition produces egress only for epochs after the position its writer last committed
+(``log/egress.py``), so a restart never repeats an output. At the epochs
 the sequencer marks, it hands its changed actors to :class:`_Snapshotting` (written off the loop,
 committed by worker 0). In weak recovery the epochs come from the sequencer's feed instead of a
 log, and egress is held until the snapshot that covers it commits. An epoch whose number

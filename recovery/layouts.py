@@ -17,10 +17,13 @@ traffic each key gets.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from enum import Enum
 
+import pyarrow as pa
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from epochal.actors.api import App
 from epochal.actors.partitioning import SKEW_FACTOR, KeyRanges, rebalance_worth_it, skewed
@@ -36,6 +39,8 @@ __all__ = [
     "skew_of",
     "snapshot_keys",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 class LayoutSource(Enum):
@@ -95,23 +100,32 @@ def choose_layout(
     factor: float = SKEW_FACTOR,
 ) -> LayoutChoice:
     """The layout the next generation runs (see the module's docstring)."""
+    same = current if current is not None and current.partitions == partitions else None
     manifests = snapshots.manifests() if snapshots is not None else []
     if not manifests or snapshots is None:
-        if current is not None and current.partitions == partitions:
-            return LayoutChoice(current, LayoutSource.KEPT, [], [])
-        return LayoutChoice(KeyRanges.even(app, partitions), LayoutSource.NEW_APP, [], [])
+        return _without_keys(app, partitions, same)
     latest = manifests[-1]
-    if current is not None and current.partitions == partitions:
-        known = recorded_layout(app, latest) == current and latest.partition_actors
-        if known and not skewed(latest.partition_actors, factor):
-            shares = list(latest.partition_actors)
-            return LayoutChoice(current, LayoutSource.KEPT, shares, shares, latest.ssid)
-    keys = snapshot_keys(snapshots, latest)
+    known = same is not None and recorded_layout(app, latest) == same and latest.partition_actors
+    if same is not None and known and not skewed(latest.partition_actors, factor):
+        shares = list(latest.partition_actors)
+        return LayoutChoice(same, LayoutSource.KEPT, shares, shares, latest.ssid)
+    try:
+        keys = snapshot_keys(snapshots, latest)
+    except (DeltaError, OSError, pa.ArrowException) as exc:  # restore() will skip it too
+        logger.warning("snapshot keys unreadable, no layout learned ssid=%d: %s", latest.ssid, exc)
+        return _without_keys(app, partitions, same)
     learned = KeyRanges.learned(app, partitions, keys)
     after = learned.shares(keys)
-    if current is not None and current.partitions == partitions:
-        before = current.shares(keys)
-        if not rebalance_worth_it(before, after, factor):
-            return LayoutChoice(current, LayoutSource.KEPT, before, before, latest.ssid)
+    if same is None:
+        return LayoutChoice(learned, LayoutSource.LEARNED, [], after, latest.ssid)
+    before = same.shares(keys)
+    if rebalance_worth_it(before, after, factor):
         return LayoutChoice(learned, LayoutSource.LEARNED, before, after, latest.ssid)
-    return LayoutChoice(learned, LayoutSource.LEARNED, [], after, latest.ssid)
+    return LayoutChoice(same, LayoutSource.KEPT, before, before, latest.ssid)
+
+
+def _without_keys(app: App, partitions: int, same: KeyRanges | None) -> LayoutChoice:
+    """No snapshot to learn from: the layout in force if it has the count, else a new app's."""
+    if same is not None:
+        return LayoutChoice(same, LayoutSource.KEPT, [], [])
+    return LayoutChoice(KeyRanges.even(app, partitions), LayoutSource.NEW_APP, [], [])

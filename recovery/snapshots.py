@@ -318,8 +318,7 @@ class DeltaSnapshots:
             epoch, epoch, head.time_ms, head.command_log_position, dict(head.input_positions),
             state_versions, change_versions, actors, digest.hex(), head.carried, self.partitions,
             self._code_hash, log_versions, self.config.recovery,
-            # a replay outside the cluster (Spark) keeps the layout of the snapshot it began at
-            head.points or (previous.points if previous else {}), self._shares(parts),
+            head.points, self._shares(parts),
         )  # fmt: skip
         write_deltalake(self.warehouse.manifest, _manifest_row(manifest), mode="append",
                         storage_options=self.warehouse.options)  # fmt: skip
