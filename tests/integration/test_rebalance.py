@@ -28,11 +28,10 @@ pytestmark = pytest.mark.integration
 SKUS = [f"sku-{i:04d}" for i in range(40)]
 
 
-def _buys(rng: random.Random, orders: list[int], count: int) -> list[bytes]:
-    picked = rng.sample(range(100_000), count)
-    orders += picked
+def _buys(rng: random.Random, count: int) -> list[bytes]:
     return [
-        msgspec.msgpack.encode(Buy(f"o-{n}", rng.choice(SKUS), rng.randrange(1, 4))) for n in picked
+        msgspec.msgpack.encode(Buy(f"o-{n}", rng.choice(SKUS), rng.randrange(1, 4)))
+        for n in rng.sample(range(100_000), count)
     ]
 
 
@@ -42,16 +41,16 @@ def _worker_transactions(metrics: str) -> float:
     return sum(float(v) for v in found)
 
 
-def test_unsampled_str_keys_end_spread_over_both_workers(cluster: Cluster) -> None:
+def _rebalanced(cluster: Cluster, rng: random.Random, *extra: str) -> int:
+    """Start the shop app on 2 workers with its first 440 inputs waiting; wait for the
+    rebalance its first snapshot brings. Returns the workers' metrics port base."""
     cluster.app_spec = "tests.integration.shop:app"
-    rng, orders = random.Random(11), []
     metrics = free_ports(3)
-    first = [msgspec.msgpack.encode(Restock(sku, 1000)) for sku in SKUS]
-    first += _buys(rng, orders, 400)
+    first = [msgspec.msgpack.encode(Restock(sku, 1000)) for sku in SKUS] + _buys(rng, 400)
     cluster.kafka.create_topics([f"{cluster.name}.in.orders"])  # in before the start: the
     cluster.produce_values(first, topic="in.orders")  # first snapshot holds all of it
     cluster.start(workers=2, partitions=4, metrics_port=metrics, snapshot_ms=1500,
-                  extra=["--rebalance-check-ms", "500"])  # fmt: skip
+                  extra=["--rebalance-check-ms", "500", *extra])  # fmt: skip
 
     wait_until(lambda: cluster.generation() == 2, 40, "no rebalance", log=cluster.log)
     logged = " ".join(cluster.log().split())  # the supervisor's lines wrap
@@ -60,20 +59,43 @@ def test_unsampled_str_keys_end_spread_over_both_workers(cluster: Cluster) -> No
     layout = read_egress_state(cluster.kafka, cluster.name, committed=False).layout
     assert layout is not None and layout.points is not None
     assert layout.points != KeyRanges.even(app, 4).recorded()  # learned, not the default
-
     wait_until(lambda: _total(cluster) >= 0, 30, "the new generation serves no metrics")
+    return metrics
+
+
+def _second_round(cluster: Cluster, rng: random.Random, metrics: int) -> list[EgressRecord]:
+    """400 more buys; both workers do comparable work on them; every buy's egress is out."""
     before = [_worker_transactions(cluster.metrics(metrics + w)) for w in (0, 1)]
-    second = _buys(rng, orders, 400)
-    cluster.produce_values(second, topic="in.orders")
+    cluster.produce_values(_buys(rng, 400), topic="in.orders")
     egress = _wait_for_egress(cluster, 800)
     after = [_worker_transactions(cluster.metrics(metrics + w)) for w in (0, 1)]
     work = [a - b for a, b in zip(after, before, strict=True)]
     assert all(0.25 <= w / sum(work) <= 0.75 for w in work), work
+    return egress
 
-    produced = len(first) + len(second)
-    sold, orders = _check_against_the_oracle(cluster, egress, produced)
+
+def test_unsampled_str_keys_end_spread_over_both_workers(cluster: Cluster) -> None:
+    rng = random.Random(11)
+    metrics = _rebalanced(cluster, rng)
+    egress = _second_round(cluster, rng, metrics)
+    sold, orders = _check_against_the_oracle(cluster, egress, produced=840)
     _check_range_scans(cluster, sold, orders)
     assert cluster.generation() == 2  # no second rebalance: the learned layout is even
+    cluster.stop()
+
+
+def test_a_weak_mode_cluster_rebalances_too_and_applies_every_input_once(
+    cluster: Cluster,
+) -> None:
+    """Weak mode has no command log: the rebalance restarts the sequencer, which re-sequences
+    from the snapshot, and egress the snapshot held is released by the old layout's writers."""
+    rng = random.Random(12)
+    metrics = _rebalanced(cluster, rng, "--recovery", "weak")
+    egress = _second_round(cluster, rng, metrics)
+    offsets = sorted(r.source.offset for r in egress if r.source is not None)
+    assert offsets == list(range(40, 840))  # every buy once, none lost, none twice
+    assert len({(r.epoch, r.seq) for r in egress}) == len(egress)
+    assert cluster.generation() == 2
     cluster.stop()
 
 
