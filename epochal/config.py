@@ -292,7 +292,9 @@ class RebalanceConfig:
     if its fullest partition holds more than ``skew`` times the mean count of actors, and split
     points learned from the snapshot's keys would make the fullest one hold at most 3/4 of what
     it holds now, the cluster rolls back to a new generation under them (egress finished under
-    the old layout first: exactly once). After each rebalance the next check waits twice as long.
+    the old layout first: exactly once). After each check that had to read the keys (a rebalance,
+    or none because no layout would be materially better) the next waits twice as long, up to
+    32 times ``check_interval_ms``.
 
     >>> RebalanceConfig().skew
     2.0

@@ -134,11 +134,14 @@ class RollbackBackoff:
 
 class _Rebalancer:
     """When to look for skew: every ``check_interval_ms``, each snapshot once, and twice as
-    rarely after each rebalance (a learned layout is applied only when materially better, so
-    rebalances do not follow one another; the backoff makes sure of it)."""
+    rarely (up to 32 times) after each check that read a snapshot's keys, whether it rebalanced
+    or found no better layout (a learned layout is applied only when materially better, so
+    rebalances do not follow one another; the backoff makes sure of it, and spares reading the
+    keys of an app that stays skewed however it is split: too few distinct keys, say)."""
 
     def __init__(self, config: RebalanceConfig, now: float) -> None:
         self.interval_s = config.check_interval_ms / 1000
+        self.max_interval_s = 32 * self.interval_s
         self.next_at = now + self.interval_s
         self.judged = -1  # the last ssid looked at
 
@@ -153,8 +156,9 @@ class _Rebalancer:
         fresh, self.judged = ssid > self.judged, max(ssid, self.judged)
         return fresh
 
-    def rebalanced(self, now: float) -> None:
-        self.interval_s *= 2
+    def slow_down(self, now: float) -> None:
+        """After a check that read the keys: the next one comes twice as late."""
+        self.interval_s = min(2 * self.interval_s, self.max_interval_s)
         self.next_at = now + self.interval_s
 
 
@@ -432,7 +436,15 @@ class Supervisor:
         choice = choose_layout(
             app, self.layout.partitions, self.layout, snapshots, self.config.rebalance.skew
         )
-        return choice if choice.source is LayoutSource.LEARNED else None
+        self.rebalancer.slow_down(time.monotonic())
+        if choice.source is not LayoutSource.LEARNED:
+            logger.info(
+                "partitions stay skewed, no layout materially better ssid=%d partition_actors=%s",
+                choice.ssid,
+                choice.before,
+            )
+            return None
+        return choice
 
     def _rebalance(self, choice: LayoutChoice) -> None:
         """A planned rollback to a learned layout: the workers stop (and the sequencer, in weak
@@ -444,7 +456,6 @@ class Supervisor:
         app = load_app(self.config.app_spec, self.config.app_name)
         clients = KafkaClients(self.config.kafka)
         self._apply_layout(app, clients, choice.ranges, _snapshots(self.config, app))
-        self.rebalancer.rebalanced(time.monotonic())
         self.generation += 1
         logger.warning(
             "rolling back generation=%d restart_sequencer=%s reason=rebalance",
