@@ -10,15 +10,17 @@ import random
 from pathlib import Path
 
 import msgspec
+import pyarrow as pa
 import pytest
+from deltalake import DeltaTable, write_deltalake
 
 from epochal.actors.engine import Engine
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.snapshots import with_log_position
 from epochal.config import SnapshotConfig
 from epochal.log.ordering import EpochStamp, order
-from epochal.recovery.layouts import LayoutSource, choose_layout, skew_of
-from epochal.recovery.snapshots import DeltaSnapshots
+from epochal.recovery.layouts import LayoutSource, choose_layout, recorded_layout, skew_of
+from epochal.recovery.snapshots import _MANIFEST_SCHEMA, DeltaSnapshots, _manifest_row
 from epochal.schemas.codec import encode
 from epochal.schemas.commands import EpochRecord, InputRecord
 from epochal.schemas.snapshots import Manifest
@@ -98,3 +100,19 @@ def test_an_even_snapshot_keeps_the_layout_in_force(tmp_path: Path) -> None:
     assert skew_of(app, learned, manifest) is None
     choice = choose_layout(app, 4, learned, snapshots)
     assert choice.source is LayoutSource.KEPT and choice.before == [60, 60, 60, 60]
+
+
+def test_a_manifest_table_of_an_older_epochal_gains_the_layout_columns(tmp_path: Path) -> None:
+    """Its old rows read back without a layout (the legacy one applies); new rows carry it."""
+    columns = [f for f in _MANIFEST_SCHEMA if f.name not in ("points", "partition_actors")]
+    snapshots = DeltaSnapshots(app, SnapshotConfig(str(tmp_path)), 2)
+    uri = snapshots.warehouse.manifest
+    DeltaTable.create(uri, pa.schema(columns))
+    old = Manifest(1, 1, 1000, 5, {}, {}, {}, {}, "00", b"", 2, "h")
+    write_deltalake(uri, _manifest_row(old).drop_columns(["points", "partition_actors"]),
+                    mode="append")  # fmt: skip
+    snapshots.ensure_tables("h")
+    new = msgspec.structs.replace(old, ssid=2, points={"Stock": ["m"]}, partition_actors=[3, 4])
+    write_deltalake(uri, _manifest_row(new), mode="append")
+    assert snapshots.manifests() == [old, new]
+    assert recorded_layout(app, old) is None
