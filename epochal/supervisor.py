@@ -26,8 +26,9 @@ committing beside the next run.
 The supervisor also decides the cluster's layout (partition count and split points,
 :mod:`epochal.recovery.layouts`) before each generation that may change it: at the start, and
 when the latest snapshot shows the partitions holding skewed shares of the actors, in a planned
-rollback (:class:`_Rebalancer`) to split points learned from the snapshot's keys. Either way
-the old layout's egress is finished first (:func:`~epochal.actors.egress.prepare_egress`).
+rollback to split points learned from the snapshot's keys (checked as often as
+:class:`~epochal.recovery.layouts.RebalanceSchedule` says). Either way the old layout's egress
+is finished first (:func:`~epochal.actors.egress.prepare_egress`).
 """
 
 from __future__ import annotations
@@ -75,9 +76,15 @@ from epochal.log.membership import (
     Role,
     members_group,
 )
-from epochal.recovery.layouts import LayoutChoice, LayoutSource, choose_layout, skew_of
+from epochal.recovery.layouts import (
+    LayoutChoice,
+    LayoutSource,
+    RebalanceSchedule,
+    choose_layout,
+    log_layout,
+    skew_of,
+)
 from epochal.recovery.snapshots import DeltaSnapshots
-from epochal.schemas.commands import ActorKey
 
 __all__ = ["ClusterConfig", "RollbackBackoff", "Supervisor"]
 
@@ -130,59 +137,6 @@ class RollbackBackoff:
         wait = 0.0 if self.streak == 0 else min(self.initial_s * 2 ** (self.streak - 1), self.max_s)
         self._last_rollback = now + wait
         return wait
-
-
-class _Rebalancer:
-    """When to look for skew: every ``check_interval_ms``, each snapshot once, and twice as
-    rarely (up to 32 times) after each check that read a snapshot's keys, whether it rebalanced
-    or found no better layout (a learned layout is applied only when materially better, so
-    rebalances do not follow one another; the backoff makes sure of it, and spares reading the
-    keys of an app that stays skewed however it is split: too few distinct keys, say)."""
-
-    def __init__(self, config: RebalanceConfig, now: float) -> None:
-        self.interval_s = config.check_interval_ms / 1000
-        self.max_interval_s = 32 * self.interval_s
-        self.next_at = now + self.interval_s
-        self.judged = -1  # the last ssid looked at
-
-    def due(self, now: float) -> bool:
-        if not self.interval_s or now < self.next_at:
-            return False
-        self.next_at = now + self.interval_s
-        return True
-
-    def fresh(self, ssid: int) -> bool:
-        """Whether snapshot ``ssid`` has not been looked at yet (and now is)."""
-        fresh, self.judged = ssid > self.judged, max(ssid, self.judged)
-        return fresh
-
-    def slow_down(self, now: float) -> None:
-        """After a check that read the keys: the next one comes twice as late."""
-        self.interval_s = min(2 * self.interval_s, self.max_interval_s)
-        self.next_at = now + self.interval_s
-
-
-def _log_layout(choice: LayoutChoice, when: str) -> None:
-    """One line saying which layout the next generation runs and each partition's share (a
-    warning when the layout changes to a learned one: the cluster rolls back for it)."""
-    level = logging.WARNING if choice.source is LayoutSource.LEARNED else logging.INFO
-    logger.log(
-        level,
-        "key layout when=%s source=%s partitions=%d ssid=%d partition_actors_before=%s "
-        "partition_actors_after=%s points=%s",
-        when,
-        choice.source.value,
-        choice.ranges.partitions,
-        choice.ssid,
-        choice.before,
-        choice.after,
-        _short(choice.ranges.recorded()),
-    )
-
-
-def _short(points: dict[str, list[ActorKey]], most: int = 8) -> dict[str, list[ActorKey]]:
-    """Split points for a log line: at most ``most`` per type."""
-    return {name: p[:most] for name, p in points.items()}
 
 
 class _Stop:
@@ -288,7 +242,7 @@ class Supervisor:
                                        failure.backoff_max_ms / 1000,
                                        failure.backoff_reset_ms / 1000)  # fmt: skip
         self.status_file = config.run_dir / self.app_name / "processes.json"
-        self.rebalancer = _Rebalancer(config.rebalance, time.monotonic())
+        self.rebalancer = RebalanceSchedule(config.rebalance, time.monotonic())
         self.layout: KeyRanges | None = None  # set before the first generation starts
 
     def run(self) -> int:
@@ -398,7 +352,7 @@ class Supervisor:
         choice = choose_layout(
             app, self.config.worker.partitions, current, snapshots, self.config.rebalance.skew
         )
-        _log_layout(choice, "start")
+        log_layout(choice, "start")
         self._apply_layout(app, clients, choice.ranges, snapshots)
 
     def _apply_layout(
@@ -450,7 +404,7 @@ class Supervisor:
         """A planned rollback to a learned layout: the workers stop (and the sequencer, in weak
         mode, where it re-sequences from the snapshot), the old layout's egress is finished,
         and a new generation starts under the new one."""
-        _log_layout(choice, "rebalance")
+        log_layout(choice, "rebalance")
         weak = self.config.sequencer.recovery == "weak"
         self._stop([*self.workers, *([self.sequencer] if weak and self.sequencer else [])])
         app = load_app(self.config.app_spec, self.config.app_name)

@@ -12,7 +12,8 @@ output is written twice or never. The supervisor asks :func:`choose_layout` at e
   (:func:`~epochal.actors.partitioning.rebalance_worth_it`).
 
 The learned points are equal-count quantiles of each type's keys: they balance actors, not the
-traffic each key gets.
+traffic each key gets. :class:`RebalanceSchedule` says when the supervisor looks, and
+:func:`log_layout` writes the line that says which layout a generation runs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from deltalake.exceptions import DeltaError
 
 from epochal.actors.api import App
 from epochal.actors.partitioning import SKEW_FACTOR, KeyRanges, rebalance_worth_it, skewed
+from epochal.config import RebalanceConfig
 from epochal.recovery.snapshots import DeltaSnapshots
 from epochal.schemas.commands import ActorKey
 from epochal.schemas.snapshots import Manifest
@@ -34,7 +36,9 @@ from epochal.schemas.snapshots import Manifest
 __all__ = [
     "LayoutChoice",
     "LayoutSource",
+    "RebalanceSchedule",
     "choose_layout",
+    "log_layout",
     "recorded_layout",
     "skew_of",
     "snapshot_keys",
@@ -129,3 +133,56 @@ def _without_keys(app: App, partitions: int, same: KeyRanges | None) -> LayoutCh
     if same is not None:
         return LayoutChoice(same, LayoutSource.KEPT, [], [])
     return LayoutChoice(KeyRanges.even(app, partitions), LayoutSource.NEW_APP, [], [])
+
+
+class RebalanceSchedule:
+    """When to look for skew: every ``check_interval_ms``, each snapshot once, and twice as
+    rarely (up to 32 times) after each check that read a snapshot's keys, whether it rebalanced
+    or found no better layout (a learned layout is applied only when materially better, so
+    rebalances do not follow one another; the backoff makes sure of it, and spares reading the
+    keys of an app that stays skewed however it is split: too few distinct keys, say)."""
+
+    def __init__(self, config: RebalanceConfig, now: float) -> None:
+        self.interval_s = config.check_interval_ms / 1000
+        self.max_interval_s = 32 * self.interval_s
+        self.next_at = now + self.interval_s
+        self.judged = -1  # the last ssid looked at
+
+    def due(self, now: float) -> bool:
+        if not self.interval_s or now < self.next_at:
+            return False
+        self.next_at = now + self.interval_s
+        return True
+
+    def fresh(self, ssid: int) -> bool:
+        """Whether snapshot ``ssid`` has not been looked at yet (and now is)."""
+        fresh, self.judged = ssid > self.judged, max(ssid, self.judged)
+        return fresh
+
+    def slow_down(self, now: float) -> None:
+        """After a check that read the keys: the next one comes twice as late."""
+        self.interval_s = min(2 * self.interval_s, self.max_interval_s)
+        self.next_at = now + self.interval_s
+
+
+def log_layout(choice: LayoutChoice, when: str) -> None:
+    """One line saying which layout the next generation runs and each partition's share (a
+    warning when the layout changes to a learned one: the cluster rolls back for it)."""
+    level = logging.WARNING if choice.source is LayoutSource.LEARNED else logging.INFO
+    logger.log(
+        level,
+        "key layout when=%s source=%s partitions=%d ssid=%d partition_actors_before=%s "
+        "partition_actors_after=%s points=%s",
+        when,
+        choice.source.value,
+        choice.ranges.partitions,
+        choice.ssid,
+        choice.before,
+        choice.after,
+        _short(choice.ranges.recorded()),
+    )
+
+
+def _short(points: dict[str, list[ActorKey]], most: int = 8) -> dict[str, list[ActorKey]]:
+    """Split points for a log line: at most ``most`` per type."""
+    return {name: p[:most] for name, p in points.items()}

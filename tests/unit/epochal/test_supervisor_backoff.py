@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epochal.config import RebalanceConfig
-from epochal.supervisor import RollbackBackoff, _Rebalancer
+from epochal.supervisor import RollbackBackoff
 
 
 def _backoff() -> RollbackBackoff:
@@ -40,17 +39,3 @@ def test_the_quiet_period_counts_from_the_rollback_not_from_the_failure(gap_s: f
     backoff.delay(0.0)
     assert backoff.delay(1.0) == 0.5  # rolled back at 1.5
     assert backoff.delay(1.5 + gap_s) == 1.0
-
-
-def test_skew_checks_come_at_their_interval_judge_each_snapshot_once_and_slow_down() -> None:
-    rebalancer = _Rebalancer(RebalanceConfig(check_interval_ms=1000), now=0.0)
-    assert not rebalancer.due(0.5) and rebalancer.due(1.0) and not rebalancer.due(1.5)
-    assert rebalancer.fresh(7) and not rebalancer.fresh(7) and not rebalancer.fresh(3)
-    rebalancer.slow_down(now=2.0)  # the next check waits twice as long, then four times
-    assert not rebalancer.due(3.9) and rebalancer.due(4.0)
-    rebalancer.slow_down(now=4.0)
-    assert not rebalancer.due(7.9) and rebalancer.due(8.0)
-    for _ in range(10):
-        rebalancer.slow_down(now=8.0)
-    assert rebalancer.interval_s == 32.0  # at most 32 times the interval
-    assert not _Rebalancer(RebalanceConfig(check_interval_ms=0), now=0.0).due(1e9)

@@ -1,8 +1,10 @@
-"""The layout a snapshot was taken under goes into its manifest row and comes back as it was."""
+"""The layout a snapshot was taken under goes into its manifest row and comes back as it was;
+skew is judged from it, as often as the schedule says."""
 
 from __future__ import annotations
 
-from epochal.recovery.layouts import recorded_layout, skew_of
+from epochal.config import RebalanceConfig
+from epochal.recovery.layouts import RebalanceSchedule, recorded_layout, skew_of
 from epochal.recovery.snapshots import _manifest_of, _manifest_row
 from epochal.schemas.snapshots import Manifest
 from tests.unit.actors.test_partitioning import shop
@@ -38,3 +40,17 @@ def test_skew_is_judged_only_for_a_snapshot_taken_under_the_layout_in_force() ->
     assert skew_of(shop, current, skewed) == [2, 28]
     assert skew_of(shop, current, _manifest(current.recorded(), [14, 16])) is None
     assert skew_of(shop, current, _manifest({"Stock": ["a"]}, [2, 28])) is None  # another layout
+
+
+def test_skew_checks_come_at_their_interval_judge_each_snapshot_once_and_slow_down() -> None:
+    rebalancer = RebalanceSchedule(RebalanceConfig(check_interval_ms=1000), now=0.0)
+    assert not rebalancer.due(0.5) and rebalancer.due(1.0) and not rebalancer.due(1.5)
+    assert rebalancer.fresh(7) and not rebalancer.fresh(7) and not rebalancer.fresh(3)
+    rebalancer.slow_down(now=2.0)  # the next check waits twice as long, then four times
+    assert not rebalancer.due(3.9) and rebalancer.due(4.0)
+    rebalancer.slow_down(now=4.0)
+    assert not rebalancer.due(7.9) and rebalancer.due(8.0)
+    for _ in range(10):
+        rebalancer.slow_down(now=8.0)
+    assert rebalancer.interval_s == 32.0  # at most 32 times the interval
+    assert not RebalanceSchedule(RebalanceConfig(check_interval_ms=0), now=0.0).due(1e9)
