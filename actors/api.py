@@ -125,7 +125,12 @@ class App:
         key_sample: Iterable[ActorKey] = (),
         name: str | None = None,
     ) -> Callable[[type[S]], type[S]]:
-        """Register a msgspec Struct (all fields with defaults) as an actor type."""
+        """Register a msgspec Struct (all fields with defaults) as an actor type.
+
+        ``key_sample`` is an optional hint: keys like the app's, whose quantiles split a new
+        app's key ranges; a running cluster learns its split points from its snapshots anyway
+        (:mod:`epochal.actors.partitioning`).
+        """
 
         def register(cls: type[S]) -> type[S]:
             if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):

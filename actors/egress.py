@@ -1,13 +1,14 @@
 """What a cluster releases to egress topics (and, in weak mode, to the dead-letter topic), and
-how it changes its partition count without writing an output twice or never.
+how it changes its layout (its partition count or its split points) without writing an output
+twice or never.
 
 The partition that reports a transaction (the lowest one among its keys' owners) depends on the
-partition count, and each partition's writer knows how far it has released egress
-(``log/egress.py``). With another count, the new reporter of an old transaction could not know
-whether the old one released it. So before workers of a new count start,
-:func:`prepare_egress` finishes the old layout: it replays the command log in this process,
-releases through each old writer what it had not yet released, up to the log's end, and only
-then records the new layout as starting there.
+layout, and each partition's writer knows how far it has released egress (``log/egress.py``).
+Under another layout, the new reporter of an old transaction could not know whether the old one
+released it. So before workers of a new layout start, :func:`prepare_egress` finishes the old
+one: it replays the command log in this process under the old layout, releases through each old
+writer what it had not yet released, up to the log's end, and only then records the new layout
+as starting there.
 
 **Dead letters in weak mode.** In strong mode the sequencer writes an epoch's dead letters in
 the Kafka transaction that logs the epoch, so each is written once. Weak mode logs nothing, and
@@ -32,11 +33,13 @@ from dataclasses import dataclass
 from epochal.actors.api import App
 from epochal.actors.engine import Engine
 from epochal.actors.outcome import TxnOutcome
+from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import ensure_same_code
 from epochal.actors.snapshots import Restored, Snapshots, carried_of
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import KafkaCommandLog
 from epochal.log.egress import (
+    EgressState,
     EgressWriter,
     ensure_positions_topic,
     read_egress_state,
@@ -52,6 +55,7 @@ __all__ = [
     "MAX_PENDING_EGRESS",
     "egress_records",
     "held_dead_letters",
+    "layout_in_force",
     "prepare_egress",
 ]
 
@@ -95,27 +99,43 @@ def held_dead_letters(app: App, epoch: int, dead: Sequence[DeadLetter]) -> list[
     return [OutboxRow(epoch, DEAD_LETTER_PARTITION, topic, encode(d), d.key) for d in dead]
 
 
+def layout_in_force(app: App, state: EgressState) -> KeyRanges | None:
+    """The layout the cluster's egress writers run, None for a new app."""
+    if state.layout is not None:
+        return KeyRanges.of(app, state.layout.partitions, state.layout.points)
+    if state.positions:  # written before layouts were recorded: one count from the start
+        return KeyRanges.of(app, max(state.positions) + 1, None)
+    return None
+
+
 def prepare_egress(
     app: App,
     clients: KafkaClients,
-    partitions: int,
+    ranges: KeyRanges,
     snapshots: Snapshots | None = None,
     *,
     allow_code_change: bool = False,
     on_epoch: Callable[[int], None] = lambda position: None,
 ) -> EgressLayout:
-    """Make ``partitions`` the egress layout before the workers start (the supervisor's job)."""
+    """Make ``ranges`` the egress layout before the workers start (the supervisor's job)."""
     ensure_positions_topic(clients, app.name)
     seen = read_egress_state(clients, app.name, committed=False)  # the layout is not transactional
-    if seen.layout is None and not seen.positions:
-        layout = EgressLayout(partitions, 0)  # a new app
-    elif seen.layout is not None and seen.layout.partitions == partitions:
+    old = layout_in_force(app, seen)
+    if old is None:
+        layout = EgressLayout(ranges.partitions, 0, ranges.recorded())  # a new app
+    elif old == ranges and seen.layout is not None:
         return seen.layout
     else:
-        old = seen.layout.partitions if seen.layout else max(seen.positions) + 1
-        logger.info("egress layout changes app=%s from=%d to=%d", app.name, old, partitions)
+        logger.info(
+            "egress layout changes app=%s from=%d to=%d points_from=%s points_to=%s",
+            app.name,
+            old.partitions,
+            ranges.partitions,
+            old.recorded(),
+            ranges.recorded(),
+        )
         end = _OldLayout(app, clients, old, snapshots, allow_code_change, on_epoch).finish()
-        layout = EgressLayout(partitions, end)
+        layout = EgressLayout(ranges.partitions, end, ranges.recorded())
     write_layout(clients, app.name, layout)
     return layout
 
@@ -126,7 +146,7 @@ class _OldLayout:
 
     app: App
     clients: KafkaClients
-    partitions: int
+    ranges: KeyRanges
     snapshots: Snapshots | None
     allow_code_change: bool
     on_epoch: Callable[[int], None]
@@ -134,7 +154,8 @@ class _OldLayout:
     def finish(self) -> int:
         app, clients = self.app, self.clients
         writers = [
-            EgressWriter(clients, app.name, p, self.partitions) for p in range(self.partitions)
+            EgressWriter(clients, app.name, p, self.ranges.partitions)
+            for p in range(self.ranges.partitions)
         ]
         try:
             state = read_egress_state(clients, app.name)  # after the writers fenced their zombies
@@ -170,7 +191,7 @@ class _OldLayout:
         """Replay from the latest snapshot (every writer released what came before it: a worker
         commits its egress before its part of a snapshot), or from the log's start."""
         app = self.app
-        engine = Engine(app, len(writers), track_digest=False)  # every partition in this process
+        engine = Engine(app, len(writers), track_digest=False, ranges=self.ranges)  # all partitions
         start = 0
         if restored is not None:
             manifest = restored.manifest

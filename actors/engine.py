@@ -39,7 +39,7 @@ from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.commands import ActorKey, EpochRecord, KeyRef, PartitionId
 from epochal.schemas.snapshots import SnapshotPart
 
-__all__ = ["Engine", "EpochResult", "LocalEngine", "owner_of"]
+__all__ = ["Engine", "EpochResult", "LocalEngine", "owner_of", "partitions_of"]
 
 T = TypeVar("T")
 
@@ -52,6 +52,13 @@ client asks again at a newer one."""
 def owner_of(partition: int, partitions: int, workers: int) -> int:
     """The worker that runs a partition."""
     return partition * workers // partitions
+
+
+def partitions_of(worker: int, partitions: int, workers: int) -> tuple[PartitionId, ...]:
+    """The partitions a worker runs."""
+    return tuple(
+        PartitionId(p) for p in range(partitions) if owner_of(p, partitions, workers) == worker
+    )
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,8 @@ class Engine:
 
     >>> engine = Engine(app, partitions=4, worker=0, workers=2, peers=peers)
     >>> result = await engine.run_epoch(record)
+
+    ``ranges`` is the cluster's layout (its split points); by default a new app's.
     """
 
     def __init__(
@@ -88,6 +97,7 @@ class Engine:
         track_digest: bool = True,
         snapshots: bool = False,
         queries: bool = False,
+        ranges: KeyRanges | None = None,
     ) -> None:
         if workers > 1 and peers is None:
             raise ValueError("several workers need peers to exchange with")
@@ -95,9 +105,13 @@ class Engine:
         self.worker = worker
         self.workers = workers
         self.total = partitions
-        self.ranges = KeyRanges.even(app, partitions)
+        if ranges is not None and ranges.partitions != partitions:
+            raise ValueError(f"a layout of {ranges.partitions} partitions, not {partitions}")
+        self.ranges = ranges if ranges is not None else KeyRanges.even(app, partitions)
         self.worker_of = tuple(owner_of(p, partitions, workers) for p in range(partitions))
-        self.partitions = tuple(PartitionId(p) for p, w in enumerate(self.worker_of) if w == worker)
+        self.partitions = partitions_of(worker, partitions, workers)
+        self.ran: dict[PartitionId, int] = dict.fromkeys(self.partitions, 0)
+        """Transactions each partition took part in (ran on a key of it), since the start."""
         self.snapshots = snapshots
         self.store = StateStore(self.partitions, track_digest, versioned=snapshots or queries)
         self.executed = -1  # the last epoch this worker has run (its writes are all applied)
@@ -145,6 +159,14 @@ class Engine:
         carried = self.carried
         plan = plan_epoch(self.app, record, carried)
         steps = split_plan(plan, self.ranges, self.worker_of, self.worker)
+        ran = self.ran
+        for step in steps:
+            parts = step.partitions
+            if len(parts) == 1:
+                ran[parts[0]] += 1
+            else:
+                for p in set(parts):
+                    ran[p] += 1
         by_partition = await self._unless_peers_fail(self.executor.run_epoch(clock, steps, self))
         self.executed = record.epoch
         outcomes = tuple(sorted((o for part in by_partition.values() for o in part),

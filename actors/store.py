@@ -62,6 +62,7 @@ class StateStore:
         versioned: bool = False,
         floor: int = -1,
     ) -> None:
+        partitions = tuple(partitions)
         self.values: dict[KeyRef, bytes] = {}
         self.versioned = versioned  # without snapshots nor readers, no version is ever needed
         self.floor = floor
@@ -71,6 +72,7 @@ class StateStore:
             {p: DigestSum() for p in partitions} if track_digest else None
         )
         self._index: dict[str, list[ActorKey]] | None = None  # sorted keys, per type
+        self.actors: dict[PartitionId, int] = dict.fromkeys(partitions, 0)  # actors per partition
 
     def apply(self, ref: KeyRef, partition: PartitionId, value: bytes | None, epoch: int) -> None:
         """Write (or delete, with None) one actor of ``partition`` in ``epoch``."""
@@ -79,6 +81,7 @@ class StateStore:
             self.values[ref] = value
         if (old is None) != (value is None):
             self._index = None  # an actor came or went
+            self.actors[partition] += 1 if old is None else -1
         if self.digests is not None:
             self.digests[partition].replace(ref, old, value)
         if not self.versioned:
@@ -94,6 +97,8 @@ class StateStore:
 
     def load(self, ref: KeyRef, partition: PartitionId, value: bytes) -> None:
         """Put an actor back as a snapshot had it (recovery): no version, it is the floor."""
+        if ref not in self.values:
+            self.actors[partition] += 1
         self.values[ref] = value
         self._index = None
         if self.digests is not None:

@@ -6,9 +6,11 @@ with the other workers) → hand each partition's egress to its transactional wr
 egress every ``egress_interval_ms``, or sooner once a writer holds ``MAX_PENDING_EGRESS`` records
 (a backlog of any size drains in bounded transactions).
 
-A worker starts from the latest complete snapshot (or the log's start, without one) and replays
-the command log after it; a partition produces egress only for epochs after the position its
-writer last committed (``log/egress.py``), so a restart never repeats an output. At the epochs
+A worker runs the layout (which partition owns which keys) the supervisor recorded with the
+egress positions before the generation started, the same in every worker. It starts from the
+latest complete snapshot (or the log's start, without one) and replays the command log after
+it; a partition produces egress only for epochs after the position its writer last committed
+(``log/egress.py``), so a restart never repeats an output. At the epochs
 the sequencer marks, it hands its changed actors to :class:`_Snapshotting` (written off the loop,
 committed by worker 0). In weak recovery the epochs come from the sequencer's feed instead of a
 log, and egress (and the dead letters the feed carries, on partition 0) is held until the
@@ -31,15 +33,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from epochal.actors.api import App
 from epochal.actors.egress import (
     DEAD_LETTER_PARTITION,
     MAX_PENDING_EGRESS,
     egress_records,
     held_dead_letters,
+    layout_in_force,
 )
-from epochal.actors.engine import Engine, EpochResult
+from epochal.actors.engine import Engine, EpochResult, partitions_of
 from epochal.actors.outcome import Emitted
+from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import ensure_same_code
 from epochal.actors.query_server import QueryServer
 from epochal.actors.snapshots import (
@@ -138,6 +144,12 @@ class Worker:
         self.metrics.describe("epochal_recovery_remaining_records", "gauge",
                               "command-log records still to replay (0 once caught up)")  # fmt: skip
         self.metrics.describe("epochal_resume_seconds", "gauge", "time to load the snapshot")
+        self.metrics.describe("epochal_partition_actors", "gauge", "actors each partition holds")
+        self.metrics.describe(
+            "epochal_partition_transactions_total",
+            "counter",
+            "transactions each partition took part in",
+        )
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         if self.config.cpu is not None and hasattr(os, "sched_setaffinity"):
@@ -159,17 +171,18 @@ class Worker:
         if config.workers > 1:
             peers = Peers(config.worker, list(config.peers), config.generation,
                           failure_timeout_s=config.failure_timeout_ms / 1000)  # fmt: skip
-        engine = Engine(self.app, config.partitions, config.worker, config.workers, peers,
-                        track_digest=config.track_digest, snapshots=self.snapshots is not None,
-                        queries=bool(config.query))  # fmt: skip
         started = time.perf_counter()
-        resumed = await self._resume(engine)
-        if peers is not None:
-            peers.resumed = resumed.ssid if resumed else -1
         # off the loop: fencing the last generation's producers waits for the broker to abort
         # their open transactions, and a loop blocked past the failure bound leaves the group
         loop = asyncio.get_running_loop()
-        writers = await loop.run_in_executor(None, self._open_egress, engine)
+        mine = partitions_of(config.worker, config.partitions, config.workers)
+        writers, ranges = await loop.run_in_executor(None, self._open_egress, mine)
+        engine = Engine(self.app, config.partitions, config.worker, config.workers, peers,
+                        track_digest=config.track_digest, snapshots=self.snapshots is not None,
+                        queries=bool(config.query), ranges=ranges)  # fmt: skip
+        resumed = await self._resume(engine)
+        if peers is not None:
+            peers.resumed = resumed.ssid if resumed else -1
         taking = _Snapshotting(self, engine, peers, writers) if self.snapshots is not None else None
         queries = await self._serve_queries(engine)  # before peers connect: a taken port
         if peers is not None:  # ends the start with nothing to cancel
@@ -178,9 +191,10 @@ class Worker:
         poller, head = await self._epochs_from(progress, writers, resumed)
         recovery = _Recovery(self, progress.next, head, started, resumed, queries=queries)
         ticker = _InteriorTicker(self.clients, self.app, config)
-        logger.info("worker started worker=%d partitions=%s generation=%d from_epoch=%d",
-                    config.worker, list(engine.partitions), config.generation,
-                    progress.epoch)  # fmt: skip
+        self._count_partitions(engine)
+        logger.info("worker started worker=%d partitions=%s generation=%d from_epoch=%d "
+                    "partition_actors=%s", config.worker, list(engine.partitions),
+                    config.generation, progress.epoch, dict(engine.store.actors))  # fmt: skip
         try:
             while not should_stop():
                 _check(peers, taking)
@@ -279,13 +293,16 @@ class Worker:
                     manifest.actors, time.perf_counter() - started)  # fmt: skip
         return manifest
 
-    def _open_egress(self, engine: Engine) -> dict[PartitionId, EgressWriter]:
-        """Open (and so fence) this worker's egress writers, then learn where each resumes."""
+    def _open_egress(
+        self, partitions: tuple[PartitionId, ...]
+    ) -> tuple[dict[PartitionId, EgressWriter], KeyRanges]:
+        """Open (and so fence) this worker's egress writers, then learn where each resumes and
+        the layout the cluster runs (the supervisor recorded it before the workers started)."""
         config = self.config
         writers = {
             p: EgressWriter(self.clients, self.app.name, p, config.partitions,
                             config.transaction_timeout_ms)
-            for p in engine.partitions
+            for p in partitions
         }  # fmt: skip
         state = read_egress_state(self.clients, self.app.name)
         if state.layout is None or state.layout.partitions != config.partitions:
@@ -297,7 +314,18 @@ class Worker:
             )
         for partition, writer in writers.items():
             writer.covered = state.start(partition)
-        return writers
+        ranges = layout_in_force(self.app, state)
+        assert ranges is not None, "a layout is recorded"
+        return writers, ranges
+
+    def _count_partitions(self, engine: Engine) -> None:
+        """Each partition's share: the actors it holds, the transactions it took part in."""
+        for partition, count in engine.store.actors.items():
+            self.metrics.set("epochal_partition_actors", count, partition=str(partition))
+        for partition, count in engine.ran.items():
+            self.metrics.set(
+                "epochal_partition_transactions_total", count, partition=str(partition)
+            )
 
     async def _epochs_from(
         self, progress: _Progress, writers: dict[PartitionId, EgressWriter],
@@ -354,6 +382,7 @@ class Worker:
         self.metrics.inc("epochal_epochs_total")
         self.metrics.inc("epochal_epoch_seconds_sum", time.perf_counter() - started)
         self.metrics.set("epochal_command_log_position", logged.position)
+        self._count_partitions(engine)
         for outcome in result.outcomes:
             self.metrics.inc("epochal_transactions_total",
                              outcome="committed" if outcome.committed else "aborted")  # fmt: skip
@@ -573,15 +602,22 @@ class _Snapshotting:
         reported = self.engine.take_reported()
         if self.worker.weak:
             self._holding[record.epoch] = outbox
+        shares = {int(p): n for p, n in self.engine.store.actors.items()}
         if self.committer is not None:
+            points = self.engine.ranges.recorded()
 
             def head(part: SnapshotPart) -> SnapshotPart:
-                return with_log_position(part, record, position, carried)
+                part = with_log_position(part, record, position, carried)
+                return msgspec.structs.replace(part, partition_actors=shares, points=points)
 
             self.taker.take(record.epoch, changes, head, commands=commands, outbox=outbox,
                             reported=reported)  # fmt: skip
         else:
-            self.taker.take(record.epoch, changes, lambda part: part, outbox=outbox,
+
+            def share(part: SnapshotPart) -> SnapshotPart:
+                return msgspec.structs.replace(part, partition_actors=shares)
+
+            self.taker.take(record.epoch, changes, share, outbox=outbox,
                             reported=reported)  # fmt: skip
 
     def _written(self, part: SnapshotPart, seconds: float) -> None:

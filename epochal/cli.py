@@ -25,6 +25,7 @@ from epochal.config import (
     FailureConfig,
     KafkaConfig,
     LocalBrokerConfig,
+    RebalanceConfig,
     SequencerConfig,
     SnapshotConfig,
     SparkConfig,
@@ -164,6 +165,7 @@ def _run(args: argparse.Namespace) -> int:
         run_dir=Path(args.run_dir),
         failure=FailureConfig(failure_timeout_ms=args.failure_timeout_ms,
                               startup_timeout_ms=args.startup_timeout_ms),
+        rebalance=RebalanceConfig(args.rebalance_check_ms, args.rebalance_skew),
         snapshots=None if args.no_snapshots else SnapshotConfig(
             args.warehouse, _settings(args.storage_option), keep=args.keep_snapshots,
             keep_inputs=args.keep_inputs, recovery=args.recovery,
@@ -352,14 +354,15 @@ def _snapshots(args: argparse.Namespace) -> int:
     snapshots = DeltaSnapshots(app, config, partitions=1)
     manifests = snapshots.manifests()
     table = Table(title=f"snapshots of {app.name} in {snapshots.warehouse.uri()}")
-    for column in ("ssid", "time (UTC)", "mode", "command log from", "actors", "state versions",
-                   "digest"):  # fmt: skip
+    for column in ("ssid", "time (UTC)", "mode", "command log from", "actors",
+                   "actors per partition", "state versions", "digest"):  # fmt: skip
         table.add_column(column)
     for m in manifests:
         when = datetime.datetime.fromtimestamp(m.time_ms / 1000, datetime.UTC)
         table.add_row(str(m.ssid), when.isoformat(timespec="milliseconds"), m.recovery,
                       str(m.command_log_position), str(dict(m.actors)),
-                      str(dict(m.state_versions)), m.digest[:16])  # fmt: skip
+                      str(m.partition_actors or "?"), str(dict(m.state_versions)),
+                      m.digest[:16])  # fmt: skip
     console.print(table)
     if not manifests:
         console.print("no complete snapshot yet")
@@ -518,6 +521,19 @@ def _run_flags(run: argparse.ArgumentParser) -> None:
                      help="snapshots kept (0: every one, and the whole logs)")  # fmt: skip
     run.add_argument("--keep-inputs", action="store_true",
                      help="never trim input topics (their own retention applies)")  # fmt: skip
+    run.add_argument(
+        "--rebalance-check-ms",
+        type=int,
+        default=30_000,
+        help="look this often at the latest snapshot for partitions holding skewed shares of "
+        "the actors, and rebalance (0: never)",
+    )
+    run.add_argument(
+        "--rebalance-skew",
+        type=float,
+        default=2.0,
+        help="skewed: the fullest partition holds over this many times the mean",
+    )
     run.add_argument("--no-snapshots", action="store_true",
                      help="no snapshots: a restart replays the whole command log")  # fmt: skip
     run.add_argument("--recovery", choices=("strong", "weak"), default="strong",

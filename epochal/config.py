@@ -23,6 +23,7 @@ __all__ = [
     "KafkaConfig",
     "Listener",
     "LocalBrokerConfig",
+    "RebalanceConfig",
     "SequencerConfig",
     "SnapshotConfig",
     "SparkConfig",
@@ -346,3 +347,31 @@ class FailureConfig:
     backoff_initial_ms: int = 500
     backoff_max_ms: int = 30_000
     backoff_reset_ms: int = 60_000
+
+
+@dataclass(frozen=True)
+class RebalanceConfig:
+    """When ``epochal run`` moves a running cluster to split points learned from its keys.
+
+    Every ``check_interval_ms`` (0: never) the supervisor reads the latest snapshot's manifest;
+    if its fullest partition holds more than ``skew`` times the mean count of actors, and split
+    points learned from the snapshot's keys would make the fullest one hold at most 3/4 of what
+    it holds now, the cluster rolls back to a new generation under them (egress finished under
+    the old layout first: exactly once). After each check that had to read the keys (a rebalance,
+    or none because no layout would be materially better) the next waits twice as long, up to
+    32 times ``check_interval_ms``.
+
+    >>> RebalanceConfig().skew
+    2.0
+    """
+
+    check_interval_ms: int = 30_000
+    skew: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.check_interval_ms < 0 or self.skew <= 1.0:
+            raise ConfigError(
+                "the rebalance check interval is >= 0 and the skew factor > 1",
+                check_interval_ms=self.check_interval_ms,
+                skew=self.skew,
+            )

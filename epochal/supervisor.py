@@ -22,6 +22,13 @@ A failure is detected within ``failure_timeout_ms`` (plus a watch interval) in t
 Rollbacks that follow each other quickly back off (:class:`RollbackBackoff`), and children die
 with the supervisor (:func:`~epochal.actors.lifecycle.die_with_parent`): no orphan keeps
 committing beside the next run.
+
+The supervisor also decides the cluster's layout (partition count and split points,
+:mod:`epochal.recovery.layouts`) before each generation that may change it: at the start, and
+when the latest snapshot shows the partitions holding skewed shares of the actors, in a planned
+rollback to split points learned from the snapshot's keys (checked as often as
+:class:`~epochal.recovery.layouts.RebalanceSchedule` says). Either way the old layout's egress
+is finished first (:func:`~epochal.actors.egress.prepare_egress`).
 """
 
 from __future__ import annotations
@@ -42,19 +49,22 @@ from pathlib import Path
 from types import FrameType
 
 from epochal.actors.api import App, load_app
-from epochal.actors.egress import prepare_egress
+from epochal.actors.egress import layout_in_force, prepare_egress
 from epochal.actors.layout import worker_cpus
 from epochal.actors.lifecycle import die_with_parent, set_title
+from epochal.actors.partitioning import KeyRanges
 from epochal.actors.transport import TransportError
 from epochal.config import (
     FailureConfig,
     KafkaConfig,
+    RebalanceConfig,
     SequencerConfig,
     SnapshotConfig,
     WorkerConfig,
 )
 from epochal.errors import ConfigError, RecoveryError
 from epochal.log.client import KafkaClients
+from epochal.log.egress import ensure_positions_topic, read_egress_state
 from epochal.log.membership import (
     GroupMember,
     GroupObserver,
@@ -65,6 +75,14 @@ from epochal.log.membership import (
     PollingThread,
     Role,
     members_group,
+)
+from epochal.recovery.layouts import (
+    LayoutChoice,
+    LayoutSource,
+    RebalanceSchedule,
+    choose_layout,
+    log_layout,
+    skew_of,
 )
 from epochal.recovery.snapshots import DeltaSnapshots
 
@@ -90,6 +108,7 @@ class ClusterConfig:
     pin_cpus: bool = True
     failure: FailureConfig = field(default_factory=FailureConfig)
     snapshots: SnapshotConfig | None = None
+    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
 
 
 class RollbackBackoff:
@@ -240,6 +259,8 @@ class Supervisor:
                                        failure.backoff_max_ms / 1000,
                                        failure.backoff_reset_ms / 1000)  # fmt: skip
         self.status_file = config.run_dir / self.app_name / "processes.json"
+        self.rebalancer = RebalanceSchedule(config.rebalance, time.monotonic())
+        self.layout: KeyRanges | None = None  # set before the first generation starts
 
     def run(self) -> int:
         set_title(f"epochal: supervisor of {self.app_name}")
@@ -261,6 +282,10 @@ class Supervisor:
                 lost = self._lost(group)
                 if lost and not stop():
                     self._roll_back(lost, stop)
+                elif not stop() and self.rebalancer.due(time.monotonic()):
+                    choice = self._rebalance_choice()
+                    if choice is not None:
+                        self._rebalance(choice)
         finally:
             self._stop([*self.workers, *([self.sequencer] if self.sequencer else [])])
         return 0
@@ -304,8 +329,11 @@ class Supervisor:
         for failure in lost:
             logger.warning(
                 "failure detected role=%s index=%d generation=%d reason=%s",
-                failure.name.role, failure.name.index, failure.name.generation, failure.reason,
-            )  # fmt: skip
+                failure.name.role,
+                failure.name.index,
+                failure.name.generation,
+                failure.reason,
+            )
         weak = self.config.sequencer.recovery == "weak"  # the input is re-sequenced: always
         restart_sequencer = weak or any(failure.name.role is Role.SEQUENCER for failure in lost)
         self._kill(
@@ -344,6 +372,20 @@ class Supervisor:
         )
         clients.create_topics([app.topics.egress(name) for name in egress])
         clients.create_topics([app.topics.replies], partitions=1)  # client transactions' outcomes
+        ensure_positions_topic(clients, app.name)
+        current = layout_in_force(app, read_egress_state(clients, app.name, committed=False))
+        snapshots = _snapshots(self.config, app)
+        choice = choose_layout(
+            app, self.config.worker.partitions, current, snapshots, self.config.rebalance.skew
+        )
+        log_layout(choice, "start")
+        self._apply_layout(app, clients, choice.ranges, snapshots)
+
+    def _apply_layout(
+        self, app: App, clients: KafkaClients, ranges: KeyRanges, snapshots: DeltaSnapshots | None
+    ) -> None:
+        """Make ``ranges`` the layout the next generation runs, the old one's egress finished
+        first (no worker runs meanwhile)."""
         from rich.progress import Progress
 
         end = clients.end_offset(app.topics.command_log)
@@ -354,9 +396,55 @@ class Supervisor:
             def on_epoch(position: int) -> None:
                 progress.update(task, completed=position + 1, visible=True)
 
-            prepare_egress(app, clients, self.config.worker.partitions,
-                           _snapshots(self.config, app), on_epoch=on_epoch,
+            prepare_egress(app, clients, ranges, snapshots, on_epoch=on_epoch,
                            allow_code_change=self.config.worker.allow_code_change)  # fmt: skip
+        self.layout = ranges
+
+    def _rebalance_choice(self) -> LayoutChoice | None:
+        """A learned layout worth a planned rollback, judged from the latest snapshot; None
+        if its partitions' shares are even enough (the keys are read only when they are not)."""
+        if self.config.snapshots is None or self.layout is None:
+            return None
+        app = load_app(self.config.app_spec, self.config.app_name)
+        snapshots = _snapshots(self.config, app)
+        assert snapshots is not None
+        manifests = snapshots.manifests()
+        if not manifests or not self.rebalancer.fresh(manifests[-1].ssid):
+            return None
+        if skew_of(app, self.layout, manifests[-1], self.config.rebalance.skew) is None:
+            return None
+        choice = choose_layout(
+            app, self.layout.partitions, self.layout, snapshots, self.config.rebalance.skew
+        )
+        self.rebalancer.slow_down(time.monotonic())
+        if choice.source is not LayoutSource.LEARNED:
+            logger.info(
+                "partitions stay skewed, no layout materially better ssid=%d partition_actors=%s",
+                choice.ssid,
+                choice.before,
+            )
+            return None
+        return choice
+
+    def _rebalance(self, choice: LayoutChoice) -> None:
+        """A planned rollback to a learned layout: the workers stop (and the sequencer, in weak
+        mode, where it re-sequences from the snapshot), the old layout's egress is finished,
+        and a new generation starts under the new one."""
+        log_layout(choice, "rebalance")
+        weak = self.config.sequencer.recovery == "weak"
+        self._stop([*self.workers, *([self.sequencer] if weak and self.sequencer else [])])
+        app = load_app(self.config.app_spec, self.config.app_name)
+        clients = KafkaClients(self.config.kafka)
+        self._apply_layout(app, clients, choice.ranges, _snapshots(self.config, app))
+        self.generation += 1
+        logger.warning(
+            "rolling back generation=%d restart_sequencer=%s reason=rebalance",
+            self.generation,
+            weak,
+        )
+        if weak:
+            self._start_sequencer()
+        self._start_workers()
 
     def _start_sequencer(self) -> None:
         self.sequencer_name = MemberName(self.run_id, Role.SEQUENCER, 0, self.generation)

@@ -87,6 +87,8 @@ _MANIFEST_SCHEMA = pa.schema([
     pa.field("code_hash", pa.string(), nullable=False),
     pa.field("log_versions", pa.map_(pa.string(), pa.int64())),
     pa.field("recovery", pa.string(), nullable=False),
+    pa.field("points", pa.string()),  # JSON: {actor type: [split point, ...]}
+    pa.field("partition_actors", pa.list_(pa.int64())),
 ])  # fmt: skip
 _LOG_TABLES = {"commands": COMMANDS_SCHEMA, "outbox": OUTBOX_SCHEMA}
 _CHECKPOINT_EVERY = 20
@@ -138,6 +140,7 @@ def _manifest_row(manifest: Manifest) -> pa.Table:
     row = msgspec.structs.asdict(manifest)
     row["time"] = manifest.time_ms
     del row["time_ms"]
+    row["points"] = msgspec.json.encode(manifest.points).decode() if manifest.points else None
     return pa.Table.from_pylist([row], schema=_MANIFEST_SCHEMA)
 
 
@@ -146,6 +149,9 @@ def _manifest_of(row: dict[str, object]) -> Manifest:
     row["time_ms"] = round(time_value.timestamp() * 1000)  # type: ignore[attr-defined]
     for name in ("input_positions", "state_versions", "change_versions", "actors", "log_versions"):
         row[name] = dict(row[name] or [])  # type: ignore[call-overload]
+    points = row.get("points")
+    row["points"] = msgspec.json.decode(points) if isinstance(points, str) else {}
+    row["partition_actors"] = row.get("partition_actors") or []
     return msgspec.convert(row, Manifest)
 
 
@@ -212,6 +218,7 @@ class DeltaSnapshots:
         DeltaTable.create(
             self.warehouse.manifest, _MANIFEST_SCHEMA, mode="ignore", storage_options=options
         )
+        self._evolve(self.warehouse.manifest, _MANIFEST_SCHEMA)  # an app of an older epochal
 
     def _table(self, uri: str, version: int | None = None) -> DeltaTable:
         return DeltaTable(uri, version=version, storage_options=self.warehouse.options)
@@ -328,11 +335,24 @@ class DeltaSnapshots:
             epoch, epoch, head.time_ms, head.command_log_position, dict(head.input_positions),
             state_versions, change_versions, actors, digest.hex(), head.carried, self.partitions,
             self._code_hash, log_versions, self.config.recovery,
+            head.points, self._shares(parts),
         )  # fmt: skip
         write_deltalake(self.warehouse.manifest, _manifest_row(manifest), mode="append",
                         storage_options=self.warehouse.options)  # fmt: skip
         self._delete_replaced(joined)
         return manifest
+
+    def _shares(self, parts: Sequence[SnapshotPart]) -> list[int]:
+        """The actors of each partition, if every part counted its own (else unknown: [])."""
+        shares = [0] * self.partitions
+        for part in parts:
+            if not part.partition_actors:
+                return []
+            for partition, count in part.partition_actors.items():
+                if partition >= self.partitions:
+                    return []
+                shares[partition] += count
+        return shares
 
     def _join_outcomes(
         self, parts: Sequence[SnapshotPart], ssid: int, written: Mapping[str, pa.Table]

@@ -471,7 +471,7 @@ class _Recovery:
                               .mapPartitionsWithIndex(copy).collect()) if files else []  # fmt: skip
         head = SnapshotPart(
             base.ssid, 0, (), DigestSum().hex(), 0, base.time_ms, base.command_log_position,
-            dict(base.input_positions), base.carried,
+            dict(base.input_positions), base.carried, points=dict(base.points),
         )  # fmt: skip
         copied = self.target.commit([head, *parts], base.ssid)
         if copied.digest != base.digest:
@@ -522,9 +522,10 @@ class _Recovery:
         if boundaries:
             self.target.ensure_tables(self.app.code_hash())
         manifests = []
+        points = dict(self.base.points) if self.base else {}  # the layout replayed is the base's
         for done, ssid in enumerate(boundaries, 1):
             info = infos[ssid]
-            head = with_log_position(SnapshotPart(ssid, 0, (), DigestSum().hex(), 0),
+            head = with_log_position(SnapshotPart(ssid, 0, (), DigestSum().hex(), 0, points=points),
                                      info.header(), info.position + 1, carried[ssid])  # fmt: skip
             manifests.append(self.target.commit([head, *parts[ssid]], ssid))
             self.progress(RecoveryProgress("committing", done, len(boundaries)))

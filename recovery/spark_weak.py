@@ -36,11 +36,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+import msgspec
 from pyspark.sql import SparkSession
 
 from epochal.actors.api import App
 from epochal.actors.egress import egress_records, held_dead_letters
 from epochal.actors.engine import Engine
+from epochal.actors.partitioning import KeyRanges
 from epochal.actors.snapshots import carried_of, with_log_position
 from epochal.config import KafkaConfig, SnapshotConfig
 from epochal.errors import RecoveryError
@@ -195,7 +197,9 @@ def recover_weak(
     progress("reading the input", len(records), len(records))
     snapshots = DeltaSnapshots(app, config, manifest.partitions, clients)
     snapshots.ensure_tables(app.code_hash())
-    engine = Engine(app, manifest.partitions, snapshots=True)
+    points = manifest.points or None  # the snapshot's layout: its outbox rows are released
+    ranges = KeyRanges.of(app, manifest.partitions, points)  # by that layout's writers
+    engine = Engine(app, manifest.partitions, snapshots=True, ranges=ranges)
     engine.load(restored.actors, manifest.epoch, carried_of(manifest))
     epochs: list[EpochRecord] = []
     outbox: list[OutboxRow] = []
@@ -226,6 +230,8 @@ def recover_weak(
     part = snapshots.write(last.epoch, 0, changes, commands=epochs, outbox=dead + outbox,
                            reported=engine.take_reported())  # fmt: skip
     part = with_log_position(part, last, last.epoch + 1, engine.carried)
+    shares = {int(p): n for p, n in engine.store.actors.items()}
+    part = msgspec.structs.replace(part, points=ranges.recorded(), partition_actors=shares)
     committed = snapshots.commit([part], last.epoch)
     progress("committing", 1, 1)
     logger.info("weak recovery committed ssid=%d from_ssid=%d records=%d epochs=%d",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from epochal.schemas.commands import InputPosition
+from epochal.schemas.commands import ActorKey, InputPosition
 
 __all__ = ["ClientReply", "EgressLayout", "EgressPosition", "EgressRecord"]
 
@@ -58,12 +58,16 @@ class EgressPosition(msgspec.Struct, frozen=True):
 
 
 class EgressLayout(msgspec.Struct, frozen=True):
-    """Since command-log position ``start``, egress is written by ``partitions`` writers.
+    """Since command-log position ``start``, egress is written by ``partitions`` writers, and
+    partition i of actor type t owns the keys in [points[t][i-1], points[t][i]).
 
-    Written (key ``layout``) when the partition count changes, once every writer of the old
-    layout has released everything before ``start``; a writer of the new layout starts at
-    ``max(start, its own position)``.
+    Written (key ``layout``) when the layout changes (the partition count or the split points:
+    either changes which partition reports a transaction), once every writer of the old layout
+    has released everything before ``start``; a writer of the new layout starts at
+    ``max(start, its own position)``. It is the layout every worker of the cluster runs.
+    ``points`` None: a layout recorded before layouts carried their split points.
     """
 
     partitions: int
     start: int
+    points: dict[str, list[ActorKey]] | None = None

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
+from epochal.schemas.commands import ActorKey
+
 __all__ = ["ChangeFile", "LogFile", "Manifest", "OutboxRow", "Outcomes", "SnapshotPart"]
 
 
@@ -64,6 +66,8 @@ class SnapshotPart(msgspec.Struct, frozen=True):
     input positions, the epoch's time, and the interior transactions still to run.
     ``outcomes`` is the msgpack of the :class:`Outcomes` this worker reported since the last
     snapshot (bytes, so that worker 0's event loop does not decode them: its committer does).
+    ``partition_actors`` counts the actors of each of its partitions; worker 0's part also
+    carries the split points of the layout the snapshot was taken under (``points``).
     """
 
     ssid: int
@@ -77,6 +81,8 @@ class SnapshotPart(msgspec.Struct, frozen=True):
     carried: bytes = b""
     logs: tuple[LogFile, ...] = ()
     outcomes: bytes = b""
+    partition_actors: dict[int, int] = {}
+    points: dict[str, list[ActorKey]] = {}
 
 
 class Manifest(msgspec.Struct, frozen=True):
@@ -90,6 +96,9 @@ class Manifest(msgspec.Struct, frozen=True):
     version of ``commands`` and ``outbox`` that holds this snapshot's rows; ``recovery`` the
     mode (``strong`` or ``weak``) the snapshot was taken in: in weak mode
     ``command_log_position`` is the next epoch's number (there is no command log).
+    ``points`` are each type's split points of the layout the snapshot was taken under (empty:
+    a snapshot older than layouts that carry them) and ``partition_actors`` the actors each of
+    its partitions held (empty when not known): how even the layout was.
     """
 
     ssid: int
@@ -106,3 +115,5 @@ class Manifest(msgspec.Struct, frozen=True):
     code_hash: str
     log_versions: dict[str, int] = {}
     recovery: str = "strong"
+    points: dict[str, list[ActorKey]] = {}
+    partition_actors: list[int] = []

@@ -58,6 +58,7 @@ class Cluster:
     transfers: int = 0
     metrics_port: int = 0
     rng: random.Random = field(default_factory=lambda: random.Random(7))
+    app_spec: str = "tests.unit.actors.workload:app"  # what ``start`` runs
 
     @property
     def warehouse(self) -> Path:
@@ -90,7 +91,7 @@ class Cluster:
         self.query_base = port_base + workers + 1
         self.metrics_port = metrics_port
         command = [
-            EPOCHAL, "run", "tests.unit.actors.workload:app", "--name", self.name,
+            EPOCHAL, "run", self.app_spec, "--name", self.name,
             "--bootstrap", self.kafka.config.bootstrap_servers, "--workers", str(workers),
             "--partitions", str(partitions), "--port-base", str(port_base),
             "--run-dir", str(self.run_dir), "--metrics-port", str(metrics_port),
@@ -187,7 +188,12 @@ class Cluster:
         return int(self.status()["generation"])
 
     def snapshots(self) -> DeltaSnapshots:
-        return DeltaSnapshots(app_named(self.name), SnapshotConfig(str(self.warehouse)), 4)
+        return self.snapshots_of(app)
+
+    def snapshots_of(self, runs: App) -> DeltaSnapshots:
+        """The snapshots of the cluster running ``runs`` (under the cluster's name)."""
+        named = dataclasses.replace(runs, name=self.name)
+        return DeltaSnapshots(named, SnapshotConfig(str(self.warehouse)), 4)
 
     def check_snapshots_against_the_oracle(self) -> list[Manifest]:
         """Every snapshot kept equals the serial oracle at its epoch (the whole log needed), and

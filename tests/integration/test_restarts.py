@@ -20,6 +20,7 @@ from confluent_kafka import Producer, TopicPartition
 
 from epochal.actors.egress import prepare_egress
 from epochal.actors.engine import LocalEngine
+from epochal.actors.partitioning import KeyRanges
 from epochal.actors.snapshots import carried_of
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import chunk_epoch
@@ -70,12 +71,18 @@ def test_restarts_with_other_partition_counts_and_no_group_offsets_repeat_nothin
     assert layout is not None and layout.partitions == 3
 
 
+@pytest.mark.parametrize("change", ["count", "points"])
 def test_a_new_layout_first_releases_exactly_what_each_old_writer_still_owed(
-    kafka: KafkaClients,
+    kafka: KafkaClients, change: str
 ) -> None:
-    """Writers of a 2-partition layout stopped at different positions; moving to 4 partitions
-    releases, through each old writer, its outputs from its own position on, and nothing else."""
+    """Writers of a 2-partition layout stopped at different positions; moving to 4 partitions,
+    or to other split points (a rebalance), releases, through each old writer, its outputs from
+    its own position on, and nothing else."""
     test_app = dataclasses.replace(app, name=f"lay{uuid.uuid4().hex[:8]}")
+    old = KeyRanges.even(test_app, 2)
+    new = KeyRanges.even(test_app, 4)
+    if change == "points":  # other owners of accounts 10-19: other reporters of transfers
+        new = KeyRanges(2, {**old.points, "Account": [10]})
     topics = test_app.topics
     opening = [[Deposit(a, 100) for a in range(40)]]
     transfers = [[Transfer(a, (a * 7 + e) % 40, 20 + e) for a in range(40)] for e in range(6)]
@@ -90,15 +97,15 @@ def test_a_new_layout_first_releases_exactly_what_each_old_writer_still_owed(
         positions.append(kafka.end_offset(topics.command_log) - 1)  # its final chunk
     end = kafka.end_offset(topics.command_log)
 
-    prepare_egress(test_app, kafka, 2)  # a new app: layout (2, 0)
+    prepare_egress(test_app, kafka, old)  # a new app: layout (2, 0)
     owed = {0: positions[2] + 1, 1: positions[5] + 1}  # where each writer had stopped
     for partition, position in owed.items():
         writer = EgressWriter(kafka, test_app.name, partition, 2)
         writer.commit(position)
         writer.close()
 
-    layout = prepare_egress(test_app, kafka, 4)
-    assert layout == EgressLayout(4, end)
+    layout = prepare_egress(test_app, kafka, new)
+    assert layout == EgressLayout(new.partitions, end, new.recorded())
 
     results = asyncio.run(LocalEngine(test_app, 2).run(records))  # who reported what, 2 writers
     expected = set()
@@ -111,8 +118,8 @@ def test_a_new_layout_first_releases_exactly_what_each_old_writer_still_owed(
     assert set(released) == expected and expected
 
     state = read_egress_state(kafka, test_app.name)
-    assert all(state.start(p) == end for p in range(4))
-    assert prepare_egress(test_app, kafka, 4) == layout  # nothing more to do
+    assert all(state.start(p) == end for p in range(new.partitions))
+    assert prepare_egress(test_app, kafka, new) == layout  # nothing more to do
     write_layout(kafka, test_app.name, layout)  # idempotent: the same record again
     assert len(_egress(kafka, test_app.name)) == len(released)
 

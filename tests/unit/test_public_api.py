@@ -12,7 +12,7 @@ EXPORTED = {
     "SequencerConfig", "WorkerConfig", "FailureConfig", "EgressRecord", "DeadLetter",
     "SnapshotNotRetainedError", "register_views", "state_at", "SnapshotConfig", "SnapshotReader",
     "Client", "QueryClient", "Isolation", "Outcome", "LIVE", "COMMITTED", "SERIALIZABLE",
-    "SNAPSHOT", "QueryTimeoutError", "QueryUnavailableError",
+    "SNAPSHOT", "QueryTimeoutError", "QueryUnavailableError", "RebalanceConfig",
     "__version__",
 }  # fmt: skip
 
