@@ -21,7 +21,7 @@ import time
 
 import setproctitle
 
-__all__ = ["die_with_parent", "set_title"]
+__all__ = ["child_logging", "die_with_parent", "set_title"]
 
 logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
@@ -36,6 +36,11 @@ def die_with_parent(parent_pid: int) -> None:
         ).start()
     if os.getppid() != parent_pid:  # the parent died before the signal was armed
         _die()
+
+
+def child_logging() -> None:
+    """How every child of a supervisor logs: INFO and up, with time and logger, on stderr."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
 
 def set_title(title: str) -> None:

@@ -15,7 +15,8 @@ A failure is detected within ``failure_timeout_ms`` (plus a watch interval) in t
 - a process leaves the cluster's Kafka group (:mod:`epochal.log.membership`) - crashed, stopped,
   hung (its loop stopped polling) or cut off - or never joins it within the start-up bound.
   This does not depend on being the processes' parent, so it carries over to workers on
-  several hosts;
+  several hosts. A child process describes the group (:mod:`epochal.watch`: librdkafka's admin
+  client can abort its process), so the supervisor outlives it;
 - a worker loses a peer (a closed connection, a frame it cannot handle, a peer silent for the
   bound: :class:`~epochal.actors.transport.Peers`) and exits.
 
@@ -44,7 +45,7 @@ from types import FrameType
 from epochal.actors.api import App, load_app
 from epochal.actors.egress import prepare_egress
 from epochal.actors.layout import worker_cpus
-from epochal.actors.lifecycle import die_with_parent, set_title
+from epochal.actors.lifecycle import child_logging, die_with_parent, set_title
 from epochal.actors.transport import TransportError
 from epochal.config import (
     FailureConfig,
@@ -57,16 +58,15 @@ from epochal.errors import ConfigError, RecoveryError
 from epochal.log.client import KafkaClients
 from epochal.log.membership import (
     GroupMember,
-    GroupObserver,
     LoopPulse,
     Lost,
     MemberName,
     MemberWatch,
     PollingThread,
     Role,
-    members_group,
 )
 from epochal.recovery.snapshots import DeltaSnapshots
+from epochal.watch import GroupWatch
 
 __all__ = ["ClusterConfig", "RollbackBackoff", "Supervisor"]
 
@@ -135,10 +135,6 @@ class _Stop:
         return self.stopping
 
 
-def _child_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-
-
 @contextlib.contextmanager
 def _exit_if_unrecoverable(role: str) -> Iterator[None]:
     """A truncated log, a log of other code, a wrong configuration: no restart can help, so the
@@ -164,7 +160,7 @@ def _sequencer_main(config: ClusterConfig, name: MemberName, parent: int) -> Non
 
     die_with_parent(parent)
     stop = _Stop(handle_sigint=False)
-    _child_logging()
+    child_logging()
     app = load_app(config.app_spec, config.app_name)
     set_title(f"epochal: sequencer of {app.name}")
     clients = KafkaClients(config.kafka)
@@ -193,7 +189,7 @@ def _worker_main(config: ClusterConfig, worker: WorkerConfig, parent: int) -> No
     die_with_parent(parent)
     set_title(f"epochal: worker {worker.worker} of {worker.app} (generation {worker.generation})")
     stop = _Stop(handle_sigint=False)
-    _child_logging()
+    child_logging()
     app = load_app(config.app_spec, config.app_name)
     try:
         with _exit_if_unrecoverable(f"worker {worker.worker}"):
@@ -223,31 +219,30 @@ class Supervisor:
                                        failure.backoff_max_ms / 1000,
                                        failure.backoff_reset_ms / 1000)  # fmt: skip
         self.status_file = config.run_dir / self.app_name / "processes.json"
+        interval_s = failure.watch_interval_ms / 1000
+        self.group = GroupWatch(self.context, config.kafka, self.app_name, interval_s)
 
     def run(self) -> int:
         set_title(f"epochal: supervisor of {self.app_name}")
         os.environ["PYTHONHASHSEED"] = "0"  # inherited by every spawned child
         stop = _Stop(handle_sigint=True)
         self._ensure_topics()
-        group = GroupObserver(
-            KafkaClients(self.config.kafka),
-            members_group(self.app_name),
-            self.config.failure.watch_interval_ms / 1000,
-        )
+        self.group.start()
         self.generation = 1
         self._start_sequencer()
         self._start_workers()
         try:
             while not stop():
                 time.sleep(_TICK_S)
-                lost = self._lost(group)
+                lost = self._lost()
                 if lost and not stop():
                     self._roll_back(lost, stop)
         finally:
             self._stop([*self.workers, *([self.sequencer] if self.sequencer else [])])
+            self.group.stop()
         return 0
 
-    def _lost(self, group: GroupObserver) -> list[Lost]:
+    def _lost(self) -> list[Lost]:
         """Members that failed: exited processes first, then what the group says."""
         for role, process in [("sequencer", self.sequencer), *(
             (f"worker {w}", p) for w, p in enumerate(self.workers)
@@ -264,11 +259,14 @@ class Supervisor:
             if not process.is_alive():
                 name = MemberName(self.run_id, Role.WORKER, w, self.generation)
                 lost.append(Lost(name, f"exited code={process.exitcode}"))
+        watch_pid = self.group.pid
+        views = self.group.views()
+        if self.group.pid != watch_pid:
+            self._write_status()  # a new watch process
         if lost:
             return lost
         now = time.monotonic()
-        view = group.view(now)
-        return [] if view is None else self.watch.judge(view, now)
+        return [failure for view in views for failure in self.watch.judge(view, now)]
 
     def _roll_back(self, lost: list[Lost], stop: _Stop) -> None:
         """Every worker stops and starts again in a new generation (and the sequencer, if it
@@ -377,6 +375,7 @@ class Supervisor:
             "generation": self.generation,
             "sequencer": self.sequencer.pid if self.sequencer else None,
             "workers": [w.pid for w in self.workers],
+            "watch": self.group.pid,
         }
         temporary = self.status_file.with_suffix(".tmp")
         temporary.write_text(json.dumps(status))

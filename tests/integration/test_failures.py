@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -131,3 +132,21 @@ def test_a_member_whose_loop_blocks_leaves_the_group_within_the_bound(
     watcher.join(5)
     print(f"blocked loop: left the group after {seen[False] - blocked:.2f} s")
     assert seen[False] - blocked < BOUND_MS / 1000 + SLACK_S
+
+
+def test_a_group_watch_that_dies_is_replaced_and_the_cluster_carries_on(cluster: Cluster) -> None:
+    """librdkafka can abort the process that describes the group (its issue #4605): that is a
+    child of its own, and the supervisor replaces it without a rollback."""
+    cluster.start(workers=1)
+    cluster.produce(200, deposits=True)
+    watch = int(cluster.status()["watch"])
+    cmdline = Path(f"/proc/{watch}/cmdline")
+    titled = wait_until(lambda: cmdline.read_bytes().startswith(b"epochal: watch of "), 10, "title")
+    assert titled  # a process of its own, not the supervisor
+    os.kill(watch, signal.SIGABRT)  # what a failed assertion in librdkafka does
+    wait_until(lambda: cluster.status()["watch"] != watch, 10, "no new watch", log=cluster.log)
+    assert "group watch exited code=-6" in cluster.log()
+    cluster.produce(200)
+    cluster.check_against_the_oracle()
+    assert cluster.generation() == 1
+    cluster.stop()
