@@ -158,6 +158,7 @@ def _run(args: argparse.Namespace) -> int:
         ),
         input_partitions=args.input_partitions,
         run_dir=Path(args.run_dir),
+        metrics_port=args.metrics_port + workers + 1 if args.metrics_port else 0,
         failure=FailureConfig(failure_timeout_ms=args.failure_timeout_ms,
                               startup_timeout_ms=args.startup_timeout_ms),
         snapshots=None if args.no_snapshots else SnapshotConfig(
@@ -453,8 +454,12 @@ def _run_flags(run: argparse.ArgumentParser) -> None:
     run.add_argument("--input-partitions", type=int, default=1, help="partitions of new topics")
     run.add_argument("--input-retention-ms", type=int, default=-1,
                      help="retention of input and requests topics (-1: forever)")  # fmt: skip
-    run.add_argument("--metrics-port", type=int, default=0,
-                     help="Prometheus: worker w on port+w, then sequencer (0: off)")  # fmt: skip
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="Prometheus: worker w on port+w, then the sequencer, the supervisor (0: off)",
+    )
     run.add_argument(
         "--query-port",
         type=int,

@@ -20,6 +20,10 @@ A failure is detected within ``failure_timeout_ms`` (plus a watch interval) in t
 - a worker loses a peer (a closed connection, a frame it cannot handle, a peer silent for the
   bound: :class:`~epochal.actors.transport.Peers`) and exits.
 
+While the Kafka broker is away nothing can start again, so failures are held (one line when it
+goes, one when it is back, ``epochal_broker_available`` 0 meanwhile) and rolled back once it
+answers; an absence longer than the failure bound rolls every process back.
+
 Rollbacks that follow each other quickly back off (:class:`RollbackBackoff`), and children die
 with the supervisor (:func:`~epochal.actors.lifecycle.die_with_parent`): no orphan keeps
 committing beside the next run.
@@ -58,6 +62,7 @@ from epochal.errors import ConfigError, RecoveryError
 from epochal.log.client import KafkaClients
 from epochal.log.membership import (
     GroupMember,
+    GroupView,
     LoopPulse,
     Lost,
     MemberName,
@@ -65,8 +70,9 @@ from epochal.log.membership import (
     PollingThread,
     Role,
 )
+from epochal.metrics import Metrics, serve_metrics
 from epochal.recovery.snapshots import DeltaSnapshots
-from epochal.watch import GroupWatch
+from epochal.watch import BrokerOutage, GroupWatch, OutageChange
 
 __all__ = ["ClusterConfig", "RollbackBackoff", "Supervisor"]
 
@@ -90,6 +96,7 @@ class ClusterConfig:
     pin_cpus: bool = True
     failure: FailureConfig = field(default_factory=FailureConfig)
     snapshots: SnapshotConfig | None = None
+    metrics_port: int = 0  # the supervisor's own metrics (0: none)
 
 
 class RollbackBackoff:
@@ -221,12 +228,21 @@ class Supervisor:
         self.status_file = config.run_dir / self.app_name / "processes.json"
         interval_s = failure.watch_interval_ms / 1000
         self.group = GroupWatch(self.context, config.kafka, self.app_name, interval_s)
+        self.outage = BrokerOutage()
+        self._held: list[Lost] = []  # failures seen while the broker is away
+        self.metrics = Metrics(app=self.app_name, role="supervisor")
+        self.metrics.describe("epochal_broker_available", "gauge",
+                              "1 while the Kafka broker answers, 0 while it is away")  # fmt: skip
+        self.metrics.describe("epochal_generation", "gauge", "the cluster's generation")
+        self.metrics.set("epochal_broker_available", 1.0)
 
     def run(self) -> int:
         set_title(f"epochal: supervisor of {self.app_name}")
         os.environ["PYTHONHASHSEED"] = "0"  # inherited by every spawned child
         stop = _Stop(handle_sigint=True)
         self._ensure_topics()
+        if self.config.metrics_port:
+            serve_metrics(self.metrics, self.config.metrics_port)
         self.group.start()
         self.generation = 1
         self._start_sequencer()
@@ -243,30 +259,72 @@ class Supervisor:
         return 0
 
     def _lost(self) -> list[Lost]:
-        """Members that failed: exited processes first, then what the group says."""
-        for role, process in [("sequencer", self.sequencer), *(
-            (f"worker {w}", p) for w, p in enumerate(self.workers)
-        )]:  # fmt: skip
-            if process is not None and process.exitcode == EXIT_UNRECOVERABLE:
-                raise RecoveryError(
-                    f"the {role} cannot go on and restarting would not help (its log above "
-                    "says why); the cluster stops", app=self.app_name,
-                )  # fmt: skip
+        """Members that failed: exited processes, then what the group says, and every member
+        after the broker was away for longer than the failure bound. While the broker is away
+        failures are held, not rolled back: a new generation could not start without it."""
+        away = self.outage.away
+        lost = self._exited(restartable_only=not away)
+        now = time.monotonic()
+        for view in self._views():
+            change = self.outage.observe(view.state, now)
+            if change is not None:
+                lost += self._broker_changed(change)
+            elif not self.outage.away:
+                lost += self.watch.judge(view, now)
+        if self.outage.away:
+            self._held += lost
+            return []
+        lost, self._held = self._held + lost, []
+        return list({failure.name: failure for failure in reversed(lost)}.values())[::-1]
+
+    def _members(self) -> list[tuple[MemberName, BaseProcess]]:
+        workers = [
+            (MemberName(self.run_id, Role.WORKER, w, self.generation), process)
+            for w, process in enumerate(self.workers)
+        ]
+        return [*([(self.sequencer_name, self.sequencer)] if self.sequencer else []), *workers]
+
+    def _exited(self, restartable_only: bool) -> list[Lost]:
+        """Children that exited; with ``restartable_only``, one that says no restart can help
+        stops the cluster (while the broker is away, that may be the outage speaking)."""
         lost = []
-        if self.sequencer is not None and not self.sequencer.is_alive():
-            lost.append(Lost(self.sequencer_name, f"exited code={self.sequencer.exitcode}"))
-        for w, process in enumerate(self.workers):
-            if not process.is_alive():
-                name = MemberName(self.run_id, Role.WORKER, w, self.generation)
-                lost.append(Lost(name, f"exited code={process.exitcode}"))
+        for name, process in self._members():
+            if process.exitcode is None:
+                continue
+            if process.exitcode == EXIT_UNRECOVERABLE and restartable_only:
+                raise RecoveryError(
+                    f"the {name.role} {name.index} cannot go on and restarting would not help "
+                    "(its log above says why); the cluster stops", app=self.app_name,
+                )  # fmt: skip
+            lost.append(Lost(name, f"exited code={process.exitcode}"))
+        return lost
+
+    def _views(self) -> list[GroupView]:
         watch_pid = self.group.pid
         views = self.group.views()
         if self.group.pid != watch_pid:
             self._write_status()  # a new watch process
-        if lost:
-            return lost
-        now = time.monotonic()
-        return [failure for view in views for failure in self.watch.judge(view, now)]
+        return views
+
+    def _broker_changed(self, change: OutageChange) -> list[Lost]:
+        """One line when the broker goes, one when it is back; after an absence longer than the
+        failure bound every member is failed (their group sessions, transactions and peer links
+        have timed out meanwhile): the rollback resumes from the last snapshot and the logs."""
+        self.metrics.set("epochal_broker_available", 1.0 if change.reachable else 0.0)
+        bootstrap = self.config.kafka.bootstrap_servers
+        if not change.reachable:
+            logger.warning(
+                "Kafka broker unreachable bootstrap=%s since %s; waiting (no rollback until it is "
+                "back)", bootstrap, time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            )  # fmt: skip
+            return []
+        logger.warning(
+            "Kafka broker reachable again after %.1f s bootstrap=%s", change.away_s, bootstrap
+        )
+        if change.away_s * 1000 < self.config.failure.failure_timeout_ms:
+            return []
+        reason = f"the Kafka broker was away {change.away_s:.1f} s, longer than the failure bound"
+        return [Lost(name, reason) for name, _ in self._members()]
 
     def _roll_back(self, lost: list[Lost], stop: _Stop) -> None:
         """Every worker stops and starts again in a new generation (and the sequencer, if it
@@ -368,6 +426,7 @@ class Supervisor:
 
     def _write_status(self) -> None:
         """Pids and generation, for operators (and tests that kill processes on purpose)."""
+        self.metrics.set("epochal_generation", self.generation)
         self.status_file.parent.mkdir(parents=True, exist_ok=True)
         status = {
             "supervisor": os.getpid(),

@@ -101,7 +101,10 @@ class Cluster:
             *extra,
         ]  # fmt: skip
         log = open(self.run_dir / f"run-{len(self.processes)}.log", "wb")  # noqa: SIM115
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        wide = {**os.environ, "COLUMNS": "300"}  # the supervisor's log lines whole, not wrapped
+        process = subprocess.Popen(
+            command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=wide
+        )
         self.processes.append(process)
         self.logs.append(log)
         wait_until(

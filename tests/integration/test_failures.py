@@ -141,8 +141,7 @@ def test_a_group_watch_that_dies_is_replaced_and_the_cluster_carries_on(cluster:
     cluster.produce(200, deposits=True)
     watch = int(cluster.status()["watch"])
     cmdline = Path(f"/proc/{watch}/cmdline")
-    titled = wait_until(lambda: cmdline.read_bytes().startswith(b"epochal: watch of "), 10, "title")
-    assert titled  # a process of its own, not the supervisor
+    wait_until(lambda: cmdline.read_bytes().startswith(b"epochal: watch of "), 10, "no title")
     os.kill(watch, signal.SIGABRT)  # what a failed assertion in librdkafka does
     wait_until(lambda: cluster.status()["watch"] != watch, 10, "no new watch", log=cluster.log)
     assert "group watch exited code=-6" in cluster.log()
