@@ -49,7 +49,7 @@ from types import FrameType
 from epochal.actors.api import App, load_app
 from epochal.actors.egress import prepare_egress
 from epochal.actors.layout import worker_cpus
-from epochal.actors.lifecycle import child_logging, die_with_parent, set_title
+from epochal.actors.lifecycle import child_logging, die_with_parent, kill_earlier, set_title
 from epochal.actors.transport import TransportError
 from epochal.config import (
     FailureConfig,
@@ -240,6 +240,7 @@ class Supervisor:
         set_title(f"epochal: supervisor of {self.app_name}")
         os.environ["PYTHONHASHSEED"] = "0"  # inherited by every spawned child
         stop = _Stop(handle_sigint=True)
+        self._replace_earlier_run()
         self._ensure_topics()
         if self.config.metrics_port:
             serve_metrics(self.metrics, self.config.metrics_port)
@@ -423,6 +424,23 @@ class Supervisor:
         self.watch.retain(Role.WORKER, template.workers)
         logger.info("workers started generation=%d count=%d", self.generation, len(self.workers))
         self._write_status()
+
+    def _replace_earlier_run(self) -> None:
+        """Kill what an earlier run of this app left running (its status file names them; a
+        hung supervisor keeps its children alive), supervisor first: two runs of one app would
+        roll each other back for ever."""
+        try:
+            earlier = json.loads(self.status_file.read_text())
+        except (OSError, ValueError):
+            return
+        pids = [earlier.get(role) for role in ("supervisor", "sequencer", "watch")]
+        pids += earlier.get("workers") or []
+        killed = kill_earlier([pid for pid in pids if isinstance(pid, int)], self.app_name)
+        if killed:
+            logger.warning(
+                "replaced an earlier run of app=%s: killed its processes pids=%s (run_id=%s)",
+                self.app_name, killed, earlier.get("run_id"),
+            )  # fmt: skip
 
     def _write_status(self) -> None:
         """Pids and generation, for operators (and tests that kill processes on purpose)."""

@@ -272,7 +272,8 @@ def gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # killed, not reaped yet
+        stat = Path(f"/proc/{pid}/stat").read_text()  # "pid (title, spaces and all) state ..."
+        return stat.rsplit(")", 1)[1].split()[0] == "Z"  # killed, not reaped yet
     except FileNotFoundError:
         return True  # reaped meanwhile
 

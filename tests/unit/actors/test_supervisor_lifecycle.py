@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from epochal.actors.lifecycle import is_title_of
+
 CHILD = textwrap.dedent("""
     import os, sys, time
     from epochal.actors.lifecycle import die_with_parent, set_title
@@ -71,3 +73,19 @@ def test_a_child_whose_parent_died_before_it_was_set_up_dies_at_once() -> None:
                           capture_output=True, text=True, timeout=30)  # fmt: skip
     assert done.returncode == -signal.SIGKILL
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("title", "mine"),
+    [
+        ("epochal: supervisor of bank", True),
+        ("epochal: watch of bank", True),
+        ("epochal: worker 12 of bank (generation 3)", True),
+        ("epochal: sequencer of bank.eu", False),
+        ("epochal: supervisor of bank2", False),
+        ("vim epochal: supervisor of bank", False),
+        ("python -m epochal run bank", False),
+    ],
+)
+def test_only_titles_of_the_apps_processes_are_its_own(title: str, mine: bool) -> None:
+    assert is_title_of(title, "bank") is mine
