@@ -26,7 +26,9 @@ answers; an absence longer than the failure bound rolls every process back.
 
 Rollbacks that follow each other quickly back off (:class:`RollbackBackoff`), and children die
 with the supervisor (:func:`~epochal.actors.lifecycle.die_with_parent`): no orphan keeps
-committing beside the next run.
+committing beside the next run; and a new run kills what an earlier run of its app left running
+(a hung supervisor and its children), found through the status file and checked by title.
+Something must restart a supervisor that dies: docs/operations.md.
 """
 
 from __future__ import annotations
@@ -229,10 +231,10 @@ class Supervisor:
         interval_s = failure.watch_interval_ms / 1000
         self.group = GroupWatch(self.context, config.kafka, self.app_name, interval_s)
         self.outage = BrokerOutage()
-        self._held: list[Lost] = []  # failures seen while the broker is away
+        self._held: dict[MemberName, Lost] = {}  # failures seen while the broker is away
         self.metrics = Metrics(app=self.app_name, role="supervisor")
-        self.metrics.describe("epochal_broker_available", "gauge",
-                              "1 while the Kafka broker answers, 0 while it is away")  # fmt: skip
+        available = "1 while the Kafka broker answers, 0 while it is away"
+        self.metrics.describe("epochal_broker_available", "gauge", available)
         self.metrics.describe("epochal_generation", "gauge", "the cluster's generation")
         self.metrics.set("epochal_broker_available", 1.0)
 
@@ -272,11 +274,12 @@ class Supervisor:
                 lost += self._broker_changed(change)
             elif not self.outage.away:
                 lost += self.watch.judge(view, now)
+        for failure in lost:
+            self._held.setdefault(failure.name, failure)  # each member once, its first reason
         if self.outage.away:
-            self._held += lost
             return []
-        lost, self._held = self._held + lost, []
-        return list({failure.name: failure for failure in reversed(lost)}.values())[::-1]
+        lost, self._held = list(self._held.values()), {}
+        return lost
 
     def _members(self) -> list[tuple[MemberName, BaseProcess]]:
         workers = [
@@ -314,10 +317,11 @@ class Supervisor:
         self.metrics.set("epochal_broker_available", 1.0 if change.reachable else 0.0)
         bootstrap = self.config.kafka.bootstrap_servers
         if not change.reachable:
+            since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            waiting = "waiting (no rollback until it is back)"
             logger.warning(
-                "Kafka broker unreachable bootstrap=%s since %s; waiting (no rollback until it is "
-                "back)", bootstrap, time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            )  # fmt: skip
+                "Kafka broker unreachable bootstrap=%s since %s; %s", bootstrap, since, waiting
+            )
             return []
         logger.warning(
             "Kafka broker reachable again after %.1f s bootstrap=%s", change.away_s, bootstrap
@@ -437,10 +441,8 @@ class Supervisor:
         pids += earlier.get("workers") or []
         killed = kill_earlier([pid for pid in pids if isinstance(pid, int)], self.app_name)
         if killed:
-            logger.warning(
-                "replaced an earlier run of app=%s: killed its processes pids=%s (run_id=%s)",
-                self.app_name, killed, earlier.get("run_id"),
-            )  # fmt: skip
+            what = f"app={self.app_name}: killed its processes pids={killed}"
+            logger.warning("replaced an earlier run of %s (run_id=%s)", what, earlier.get("run_id"))
 
     def _write_status(self) -> None:
         """Pids and generation, for operators (and tests that kill processes on purpose)."""

@@ -33,6 +33,7 @@ __all__ = ["BrokerOutage", "GroupWatch", "OutageChange"]
 logger = logging.getLogger(__name__)
 _POLL_S = 0.05
 _RESTART_AFTER_S = 1.0  # a watch that dies at once is not restarted in a tight loop
+_STUCK_AFTER_INTERVALS = 10  # a watch silent this many intervals (and 5 s) is stuck
 
 
 def _watch_main(
@@ -68,7 +69,7 @@ class GroupWatch:
         self.interval_s = interval_s
         self.process: SpawnProcess | None = None
         self._receiver: Connection | None = None
-        self._started = 0.0
+        self._started = self._heard = 0.0
 
     def start(self) -> None:
         receiver, sender = self.context.Pipe(duplex=False)
@@ -79,10 +80,13 @@ class GroupWatch:
         )
         self.process.start()
         sender.close()  # the child holds the only writing end: its death reads as EOF
-        self._receiver, self._started = receiver, time.monotonic()
+        self._receiver = receiver
+        self._started = self._heard = time.monotonic()  # a start counts as heard of
 
     def views(self) -> list[GroupView]:
-        """The views sent since the last call; a dead watch is replaced (after a second)."""
+        """The views sent since the last call. A watch that died is replaced (a second after it
+        started, at the soonest), and so is one that sent nothing for ten intervals: each of its
+        requests gives a view, at most a second after it was sent."""
         assert self.process is not None and self._receiver is not None, "views before start"
         views: list[GroupView] = []
         try:
@@ -90,17 +94,23 @@ class GroupWatch:
                 views.append(self._receiver.recv())
         except (EOFError, OSError):
             self.process.join(1.0)
-        if (
-            self.process.exitcode is not None
-            and time.monotonic() - self._started > _RESTART_AFTER_S
-        ):
-            logger.warning(
-                "group watch exited code=%s pid=%s (librdkafka can abort on describe requests "
-                "after time-outs); starting another", self.process.exitcode, self.process.pid,
-            )  # fmt: skip
-            self._receiver.close()
-            self.start()
+        now = time.monotonic()
+        if views:
+            self._heard = now
+        if self.process.exitcode is not None and now - self._started > _RESTART_AFTER_S:
+            code, pid = self.process.exitcode, self.pid
+            # librdkafka can abort on describe requests after time-outs (see above)
+            logger.warning("group watch exited code=%s pid=%s; starting another", code, pid)
+            self._replace()
+        elif now - self._heard > max(_STUCK_AFTER_INTERVALS * self.interval_s, 5.0):
+            silent = now - self._heard
+            logger.warning("group watch silent %.0f s pid=%s; starting another", silent, self.pid)
+            self._replace()
         return views
+
+    def _replace(self) -> None:
+        self.stop()
+        self.start()
 
     @property
     def pid(self) -> int | None:

@@ -215,10 +215,10 @@ _STATES = {
 class GroupObserver:
     """Describes the group at most every ``interval_s``, never blocking the caller.
 
-    ``view(now)`` returns a view when a description has arrived since the last call, else None.
-    A broker that does not answer gives a view in state UNREACHABLE (never settled: members
-    drop out of the group while it is away, and that is not their failure); another failure
-    to describe gives None.
+    ``view(now)`` returns a view when a description has arrived since the last call, else None:
+    one per request. A broker that does not answer gives a view in state UNREACHABLE (never
+    settled: members drop out of the group while it is away, and that is not their failure);
+    another failure to describe is logged and gives one in state UNKNOWN.
     """
 
     def __init__(self, clients: KafkaClients, group: str, interval_s: float) -> None:
@@ -247,7 +247,7 @@ class GroupObserver:
             if isinstance(error, BrokerUnavailableError):
                 return GroupView(GroupState.UNREACHABLE, frozenset())
             logger.warning("%s", error)
-            return None
+            return GroupView(GroupState.UNKNOWN, frozenset())
         state = _STATES.get(described.state, GroupState.UNKNOWN)
         return GroupView(state, frozenset(m.client_id for m in described.members))
 
