@@ -68,6 +68,8 @@ def _check_waited_once(cluster: Cluster, supervisor: int) -> None:
 
 
 def test_kill_9_of_the_broker_mid_stream(broker: LocalBroker, cluster: Cluster) -> None:
+    """Down for longer than the failure bound, then started on the same data and port: one
+    rollback once it is back, the gauge 0 meanwhile, librdkafka's lines folded."""
     metrics = free_ports(4)
     cluster.start(workers=2, metrics_port=metrics)
     supervisor = cluster.status()["supervisor"]
@@ -82,6 +84,8 @@ def test_kill_9_of_the_broker_mid_stream(broker: LocalBroker, cluster: Cluster) 
     cluster.check_against_the_oracle()
     assert _broker_available(cluster, metrics + 3) == 1
     _check_waited_once(cluster, supervisor)
+    back = cluster.log().split("Kafka broker reachable again")[1]
+    assert back.count("rolling back") == 1, "one rollback of every process, once it was back"
     # a line or so per client, not one per connection attempt (1,587 lines before they folded)
     assert cluster.log().count("epochal.librdkafka") < 100
     cluster.stop()
