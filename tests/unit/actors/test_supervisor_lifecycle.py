@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from epochal.actors.lifecycle import is_title_of
+from epochal.actors.lifecycle import is_title_of, kill_earlier
 
 CHILD = textwrap.dedent("""
     import os, sys, time
@@ -89,3 +89,34 @@ def test_a_child_whose_parent_died_before_it_was_set_up_dies_at_once() -> None:
 )
 def test_only_titles_of_the_apps_processes_are_its_own(title: str, mine: bool) -> None:
     assert is_title_of(title, "bank") is mine
+
+
+TITLED = (
+    "import sys, time, setproctitle; setproctitle.setproctitle(sys.argv[1]); print(1, "
+    "flush=True); time.sleep(60)"
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_earlier_runs_processes_are_killed_and_nothing_else() -> None:
+    titles = [
+        "epochal: worker 0 of bank (generation 2)",
+        "epochal: worker 0 of bank2 (generation 2)",
+    ]
+    processes = [
+        subprocess.Popen([sys.executable, "-c", TITLED, t], stdout=subprocess.PIPE, text=True)
+        for t in titles
+    ]
+    try:
+        for process in processes:
+            assert process.stdout is not None and process.stdout.readline()  # titled
+        pids = [p.pid for p in processes]
+        assert kill_earlier([*pids, os.getpid()], "bank") == pids[:1]
+        assert processes[0].wait(5) == -signal.SIGKILL
+        assert processes[1].poll() is None  # another app's
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
