@@ -245,7 +245,14 @@ class Supervisor:
         self._replace_earlier_run()
         self._ensure_topics()
         if self.config.metrics_port:
-            serve_metrics(self.metrics, self.config.metrics_port)
+            try:
+                serve_metrics(self.metrics, self.config.metrics_port)
+            except OSError as exc:
+                raise ConfigError(
+                    f"the supervisor cannot serve metrics: {exc.strerror}; choose another "
+                    "--metrics-port (workers, the sequencer and the supervisor take ports from it)",
+                    port=self.config.metrics_port,
+                ) from exc
         self.group.start()
         self.generation = 1
         self._start_sequencer()
