@@ -6,7 +6,9 @@ Linux the kernel kills it when the parent dies (``prctl(PR_SET_PDEATHSIG, SIGKIL
 a watchdog thread notices that the parent is gone. Either way a parent that died before the
 child got that far is caught by comparing ``getppid()`` with the pid the parent passed down.
 
-Process titles make ``ps`` tell the roles apart: ``epochal: worker 1 of bank (generation 3)``.
+Process titles make ``ps`` tell the roles apart: ``epochal: worker 1 of bank (generation 3)``,
+and let a new supervisor tell the processes an earlier run of its app left behind (a hung
+supervisor and its children) from whatever has their pids now: :func:`kill_earlier`.
 """
 
 from __future__ import annotations
@@ -14,14 +16,17 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterable
+from pathlib import Path
 
 import setproctitle
 
-__all__ = ["die_with_parent", "set_title"]
+__all__ = ["child_logging", "die_with_parent", "is_title_of", "kill_earlier", "set_title"]
 
 logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
@@ -38,9 +43,54 @@ def die_with_parent(parent_pid: int) -> None:
         _die()
 
 
+def child_logging() -> None:
+    """How every child of a supervisor logs: INFO and up, with time and logger, on stderr."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+
 def set_title(title: str) -> None:
     """What ``ps`` and ``top`` show for this process."""
     setproctitle.setproctitle(title)
+
+
+def is_title_of(title: str, app: str) -> bool:
+    """True if ``title`` is that of a process of ``app``'s cluster (see :func:`set_title`).
+
+    >>> is_title_of("epochal: worker 1 of bank (generation 3)", "bank")
+    True
+    >>> is_title_of("epochal: worker 1 of bank2 (generation 3)", "bank")
+    False
+    """
+    pattern = rf"epochal: (supervisor|sequencer|watch|worker \d+) of {re.escape(app)}"
+    return re.fullmatch(rf"{pattern}( \(generation \d+\))?", title) is not None
+
+
+def kill_earlier(pids: Iterable[int], app: str, timeout_s: float = 10.0) -> list[int]:
+    """SIGKILL those of ``pids`` whose title says they are processes of ``app``'s cluster (a pid
+    reused by another program is left alone), and wait until they are gone; returns them."""
+    ours = {os.getpid(), os.getppid()}
+    killed = []
+    for pid in pids:
+        title = _title(pid)
+        if pid not in ours and title is not None and is_title_of(title, app):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            killed.append(pid)
+    deadline = time.monotonic() + timeout_s
+    while any(_title(pid) is not None for pid in killed) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return killed
+
+
+def _title(pid: int) -> str | None:
+    """What ``ps`` shows for ``pid``, or None once it is gone (a zombie shows nothing)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.split(b"\0")[0].decode(errors="replace").strip() or None
 
 
 def _kill_me_with_parent() -> bool:

@@ -163,6 +163,7 @@ def _run(args: argparse.Namespace) -> int:
         ),
         input_partitions=args.input_partitions,
         run_dir=Path(args.run_dir),
+        metrics_port=args.metrics_port + workers + 1 if args.metrics_port else 0,
         failure=FailureConfig(failure_timeout_ms=args.failure_timeout_ms,
                               startup_timeout_ms=args.startup_timeout_ms),
         rebalance=RebalanceConfig(args.rebalance_check_ms, args.rebalance_skew),
@@ -171,7 +172,7 @@ def _run(args: argparse.Namespace) -> int:
             keep_inputs=args.keep_inputs, recovery=args.recovery,
         ),
     )  # fmt: skip
-    _check_before_start(config, args.metrics_port)
+    _check_before_start(config)
     console.print(
         f"running {args.app} as {app_name!r}: {workers} workers, {partitions} partitions, "
         f"Kafka at {args.bootstrap} (Ctrl-C or SIGTERM stops)"
@@ -179,7 +180,7 @@ def _run(args: argparse.Namespace) -> int:
     return Supervisor(config).run()
 
 
-def _check_before_start(config: ClusterConfig, metrics_port: int) -> None:
+def _check_before_start(config: ClusterConfig) -> None:
     """Ports, warehouse, broker: whatever is wrong is one line now, before anything runs."""
     from epochal.config import Listener
     from epochal.preflight import Binding, check_broker, check_ports, check_warehouse
@@ -189,10 +190,14 @@ def _check_before_start(config: ClusterConfig, metrics_port: int) -> None:
     bindings += [Binding(a, Listener.QUERIES, f"worker {w}") for w, a in enumerate(worker.query)]
     if worker.feed:
         bindings.append(Binding(worker.feed, Listener.FEED, "the sequencer"))
-    if metrics_port:
-        owners = [*(f"worker {w}" for w in range(worker.workers)), "the sequencer"]
-        bindings += [Binding(f"127.0.0.1:{metrics_port + i}", Listener.METRICS, owner)
-                     for i, owner in enumerate(owners)]  # fmt: skip
+    metrics = {f"worker {w}": worker.metrics_port + w for w in range(worker.workers)}
+    metrics |= {"the sequencer": config.sequencer.metrics_port}
+    metrics |= {"the supervisor": config.metrics_port}
+    bindings += [
+        Binding(f"127.0.0.1:{port}", Listener.METRICS, owner)
+        for owner, port in metrics.items()
+        if worker.metrics_port and port
+    ]
     check_ports(bindings)
     if config.snapshots is not None:
         check_warehouse(config.snapshots, worker.app)
@@ -482,8 +487,12 @@ def _run_flags(run: argparse.ArgumentParser) -> None:
     run.add_argument("--input-partitions", type=int, default=1, help="partitions of new topics")
     run.add_argument("--input-retention-ms", type=int, default=-1,
                      help="retention of input and requests topics (-1: forever)")  # fmt: skip
-    run.add_argument("--metrics-port", type=int, default=0,
-                     help="Prometheus: worker w on port+w, then sequencer (0: off)")  # fmt: skip
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="Prometheus: worker w on port+w, then the sequencer, the supervisor (0: off)",
+    )
     run.add_argument(
         "--query-port",
         type=int,

@@ -15,13 +15,20 @@ A failure is detected within ``failure_timeout_ms`` (plus a watch interval) in t
 - a process leaves the cluster's Kafka group (:mod:`epochal.log.membership`) - crashed, stopped,
   hung (its loop stopped polling) or cut off - or never joins it within the start-up bound.
   This does not depend on being the processes' parent, so it carries over to workers on
-  several hosts;
+  several hosts. A child process describes the group (:mod:`epochal.watch`: librdkafka's admin
+  client can abort its process), so the supervisor outlives it;
 - a worker loses a peer (a closed connection, a frame it cannot handle, a peer silent for the
   bound: :class:`~epochal.actors.transport.Peers`) and exits.
 
+While the Kafka broker is away nothing can start again, so failures are held (one line when it
+goes, one when it is back, ``epochal_broker_available`` 0 meanwhile) and rolled back once it
+answers; an absence longer than the failure bound rolls every process back.
+
 Rollbacks that follow each other quickly back off (:class:`RollbackBackoff`), and children die
 with the supervisor (:func:`~epochal.actors.lifecycle.die_with_parent`): no orphan keeps
-committing beside the next run.
+committing beside the next run; and a new run kills what an earlier run of its app left running
+(a hung supervisor and its children), found through the status file and checked by title.
+Something must restart a supervisor that dies: docs/operations.md.
 
 The supervisor also decides the cluster's layout (partition count and split points,
 :mod:`epochal.recovery.layouts`) before each generation that may change it: at the start, and
@@ -51,7 +58,7 @@ from types import FrameType
 from epochal.actors.api import App, load_app
 from epochal.actors.egress import layout_in_force, prepare_egress
 from epochal.actors.layout import worker_cpus
-from epochal.actors.lifecycle import die_with_parent, set_title
+from epochal.actors.lifecycle import child_logging, die_with_parent, kill_earlier, set_title
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.transport import TransportError
 from epochal.config import (
@@ -67,15 +74,15 @@ from epochal.log.client import KafkaClients
 from epochal.log.egress import ensure_positions_topic, read_egress_state
 from epochal.log.membership import (
     GroupMember,
-    GroupObserver,
+    GroupView,
     LoopPulse,
     Lost,
     MemberName,
     MemberWatch,
     PollingThread,
     Role,
-    members_group,
 )
+from epochal.metrics import Metrics, serve_metrics
 from epochal.recovery.layouts import (
     LayoutChoice,
     LayoutSource,
@@ -85,6 +92,7 @@ from epochal.recovery.layouts import (
     skew_of,
 )
 from epochal.recovery.snapshots import DeltaSnapshots
+from epochal.watch import BrokerOutage, GroupWatch, OutageChange
 
 __all__ = ["ClusterConfig", "RollbackBackoff", "Supervisor"]
 
@@ -109,6 +117,7 @@ class ClusterConfig:
     failure: FailureConfig = field(default_factory=FailureConfig)
     snapshots: SnapshotConfig | None = None
     rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
+    metrics_port: int = 0  # the supervisor's own metrics (0: none)
 
 
 class RollbackBackoff:
@@ -154,10 +163,6 @@ class _Stop:
         return self.stopping
 
 
-def _child_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-
-
 def _unrecoverable_file(config: ClusterConfig, app: str) -> Path:
     """Where a child that cannot go on writes why, for the supervisor's last line."""
     return config.run_dir / app / "unrecoverable.txt"
@@ -193,7 +198,7 @@ def _sequencer_main(config: ClusterConfig, name: MemberName, parent: int) -> Non
 
     die_with_parent(parent)
     stop = _Stop(handle_sigint=False)
-    _child_logging()
+    child_logging()
     app = load_app(config.app_spec, config.app_name)
     set_title(f"epochal: sequencer of {app.name}")
     clients = KafkaClients(config.kafka)
@@ -226,7 +231,7 @@ def _worker_main(config: ClusterConfig, worker: WorkerConfig, parent: int) -> No
     die_with_parent(parent)
     set_title(f"epochal: worker {worker.worker} of {worker.app} (generation {worker.generation})")
     stop = _Stop(handle_sigint=False)
-    _child_logging()
+    child_logging()
     app = load_app(config.app_spec, config.app_name)
     record = _unrecoverable_file(config, app.name)
     try:
@@ -261,25 +266,33 @@ class Supervisor:
         self.status_file = config.run_dir / self.app_name / "processes.json"
         self.rebalancer = RebalanceSchedule(config.rebalance, time.monotonic())
         self.layout: KeyRanges | None = None  # set before the first generation starts
+        interval_s = failure.watch_interval_ms / 1000
+        self.group = GroupWatch(self.context, config.kafka, self.app_name, interval_s)
+        self.outage = BrokerOutage()
+        self._held: dict[MemberName, Lost] = {}  # failures seen while the broker is away
+        self.metrics = Metrics(app=self.app_name, role="supervisor")
+        available = "1 while the Kafka broker answers, 0 while it is away"
+        self.metrics.describe("epochal_broker_available", "gauge", available)
+        self.metrics.describe("epochal_generation", "gauge", "the cluster's generation")
+        self.metrics.set("epochal_broker_available", 1.0)
 
     def run(self) -> int:
         set_title(f"epochal: supervisor of {self.app_name}")
         os.environ["PYTHONHASHSEED"] = "0"  # inherited by every spawned child
         stop = _Stop(handle_sigint=True)
+        self._replace_earlier_run()
         _unrecoverable_file(self.config, self.app_name).unlink(missing_ok=True)  # an old run's
         self._ensure_topics()
-        group = GroupObserver(
-            KafkaClients(self.config.kafka),
-            members_group(self.app_name),
-            self.config.failure.watch_interval_ms / 1000,
-        )
+        if self.config.metrics_port:
+            serve_metrics(self.metrics, self.config.metrics_port, "the supervisor")
+        self.group.start()
         self.generation = 1
         self._start_sequencer()
         self._start_workers()
         try:
             while not stop():
                 time.sleep(_TICK_S)
-                lost = self._lost(group)
+                lost = self._lost()
                 if lost and not stop():
                     self._roll_back(lost, stop)
                 elif not stop() and self.rebalancer.due(time.monotonic()):
@@ -288,38 +301,91 @@ class Supervisor:
                         self._rebalance(choice)
         finally:
             self._stop([*self.workers, *([self.sequencer] if self.sequencer else [])])
+            self.group.stop()
         return 0
 
-    def _stop_if_unrecoverable(self) -> None:
-        """A child that cannot go on ends the run, with its reason as the last line."""
-        record = _unrecoverable_file(self.config, self.app_name)
-        if record.exists():
-            reason = record.read_text()
-            raise RecoveryError(f"{reason} (restarting would not help; the cluster stops)")
-        for role, process in [("sequencer", self.sequencer), *(
-            (f"worker {w}", p) for w, p in enumerate(self.workers)
-        )]:  # fmt: skip
-            if process is not None and process.exitcode == EXIT_UNRECOVERABLE:
-                raise RecoveryError(
-                    f"the {role} cannot go on and restarting would not help (its log above "
-                    "says why); the cluster stops", app=self.app_name,
-                )  # fmt: skip
-
-    def _lost(self, group: GroupObserver) -> list[Lost]:
-        """Members that failed: exited processes first, then what the group says."""
-        self._stop_if_unrecoverable()
-        lost = []
-        if self.sequencer is not None and not self.sequencer.is_alive():
-            lost.append(Lost(self.sequencer_name, f"exited code={self.sequencer.exitcode}"))
-        for w, process in enumerate(self.workers):
-            if not process.is_alive():
-                name = MemberName(self.run_id, Role.WORKER, w, self.generation)
-                lost.append(Lost(name, f"exited code={process.exitcode}"))
-        if lost:
-            return lost
+    def _lost(self) -> list[Lost]:
+        """Members that failed: exited processes, then what the group says, and every member
+        after the broker was away for longer than the failure bound. While the broker is away
+        failures are held, not rolled back: a new generation could not start without it."""
+        away = self.outage.away
+        lost = self._exited(restartable_only=not away)
         now = time.monotonic()
-        view = group.view(now)
-        return [] if view is None else self.watch.judge(view, now)
+        for view in self._views():
+            change = self.outage.observe(view.state, now)
+            if change is not None:
+                lost += self._broker_changed(change)
+            elif not self.outage.away:
+                lost += self.watch.judge(view, now)
+        for failure in lost:
+            self._held.setdefault(failure.name, failure)  # each member once, its first reason
+        if self.outage.away:
+            return []
+        lost, self._held = list(self._held.values()), {}
+        return lost
+
+    def _members(self) -> list[tuple[MemberName, BaseProcess]]:
+        workers = [
+            (MemberName(self.run_id, Role.WORKER, w, self.generation), process)
+            for w, process in enumerate(self.workers)
+        ]
+        return [*([(self.sequencer_name, self.sequencer)] if self.sequencer else []), *workers]
+
+    def _exited(self, restartable_only: bool) -> list[Lost]:
+        """Children that exited; with ``restartable_only``, one that says no restart can help
+        stops the cluster (while the broker is away, that may be the outage speaking)."""
+        self._stop_if_unrecoverable(restartable_only)
+        lost = []
+        for name, process in self._members():
+            if process.exitcode is None:
+                continue
+            if process.exitcode == EXIT_UNRECOVERABLE and restartable_only:
+                raise RecoveryError(
+                    f"the {name.role} {name.index} cannot go on and restarting would not help "
+                    "(its log above says why); the cluster stops", app=self.app_name,
+                )  # fmt: skip
+            lost.append(Lost(name, f"exited code={process.exitcode}"))
+        return lost
+
+    def _stop_if_unrecoverable(self, restartable_only: bool) -> None:
+        """A child that wrote why it cannot go on ends the run, its reason the last line; one
+        that wrote it while the broker was away is restarted instead (the next generation says
+        it again if the outage was not the cause)."""
+        record = _unrecoverable_file(self.config, self.app_name)
+        if not record.exists():
+            return
+        if not restartable_only:
+            record.unlink(missing_ok=True)
+            return
+        raise RecoveryError(f"{record.read_text()} (restarting would not help; the cluster stops)")
+
+    def _views(self) -> list[GroupView]:
+        watch_pid = self.group.pid
+        views = self.group.views()
+        if self.group.pid != watch_pid:
+            self._write_status()  # a new watch process
+        return views
+
+    def _broker_changed(self, change: OutageChange) -> list[Lost]:
+        """One line when the broker goes, one when it is back; after an absence longer than the
+        failure bound every member is failed (their group sessions, transactions and peer links
+        have timed out meanwhile): the rollback resumes from the last snapshot and the logs."""
+        self.metrics.set("epochal_broker_available", 1.0 if change.reachable else 0.0)
+        bootstrap = self.config.kafka.bootstrap_servers
+        if not change.reachable:
+            since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            waiting = "waiting (no rollback until it is back)"
+            logger.warning(
+                "Kafka broker unreachable bootstrap=%s since %s; %s", bootstrap, since, waiting
+            )
+            return []
+        logger.warning(
+            "Kafka broker reachable again after %.1f s bootstrap=%s", change.away_s, bootstrap
+        )
+        if change.away_s * 1000 < self.config.failure.failure_timeout_ms:
+            return []
+        reason = f"the Kafka broker was away {change.away_s:.1f} s, longer than the failure bound"
+        return [Lost(name, reason) for name, _ in self._members()]
 
     def _roll_back(self, lost: list[Lost], stop: _Stop) -> None:
         """Every worker stops and starts again in a new generation (and the sequencer, if it
@@ -339,7 +405,8 @@ class Supervisor:
         self._kill(
             [*self.workers, *([self.sequencer] if restart_sequencer and self.sequencer else [])]
         )
-        self._stop_if_unrecoverable()  # one the group reported gone may have said so meanwhile
+        # one the group reported gone may have said it cannot go on meanwhile
+        self._stop_if_unrecoverable(restartable_only=not self.outage.away)
         delay = self.backoff.delay(time.monotonic())
         if delay:
             logger.warning(
@@ -483,8 +550,24 @@ class Supervisor:
         logger.info("workers started generation=%d count=%d", self.generation, len(self.workers))
         self._write_status()
 
+    def _replace_earlier_run(self) -> None:
+        """Kill what an earlier run of this app left running (its status file names them; a
+        hung supervisor keeps its children alive), supervisor first: two runs of one app would
+        roll each other back for ever."""
+        try:
+            earlier = json.loads(self.status_file.read_text())
+        except (OSError, ValueError):
+            return
+        pids = [earlier.get(role) for role in ("supervisor", "sequencer", "watch")]
+        pids += earlier.get("workers") or []
+        killed = kill_earlier([pid for pid in pids if isinstance(pid, int)], self.app_name)
+        if killed:
+            what = f"app={self.app_name}: killed its processes pids={killed}"
+            logger.warning("replaced an earlier run of %s (run_id=%s)", what, earlier.get("run_id"))
+
     def _write_status(self) -> None:
         """Pids and generation, for operators (and tests that kill processes on purpose)."""
+        self.metrics.set("epochal_generation", self.generation)
         self.status_file.parent.mkdir(parents=True, exist_ok=True)
         status = {
             "supervisor": os.getpid(),
@@ -492,6 +575,7 @@ class Supervisor:
             "generation": self.generation,
             "sequencer": self.sequencer.pid if self.sequencer else None,
             "workers": [w.pid for w in self.workers],
+            "watch": self.group.pid,
         }
         temporary = self.status_file.with_suffix(".tmp")
         temporary.write_text(json.dumps(status))

@@ -1,6 +1,8 @@
 """confluent-kafka clients built from one :class:`KafkaConfig`, and the map of their errors to ours.
 
-librdkafka logs through a Python logger here (it is noisy on stderr otherwise). An AdminClient is
+librdkafka logs through a Python logger here (it is noisy on stderr otherwise), with repeats
+folded (:class:`FoldRepeats`: a broker that is away makes every client log each failed
+connection attempt, hundreds of lines a second in all). An AdminClient is
 kept referenced until its futures resolve: dropping it early can leave the futures hanging.
 
 A consumer that must never skip a record runs with ``auto.offset.reset=error``: a position the
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -28,10 +30,46 @@ from confluent_kafka.cimpl import NewTopic
 from epochal.config import KafkaConfig
 from epochal.errors import BrokerUnavailableError, EpochalError, LogError, LogTruncatedError
 
-__all__ = ["FOREVER", "KafkaClients", "translate_kafka_error", "truncated_error"]
+__all__ = ["FOREVER", "FoldRepeats", "KafkaClients", "translate_kafka_error", "truncated_error"]
 
 logger = logging.getLogger(__name__)
+
+
+class FoldRepeats(logging.Filter):
+    """Lets through the first librdkafka line of each facility and client, then one per
+    ``window_s`` that says how many like it it stands for.
+
+    librdkafka logs ``(facility, client name, text)``; while a broker is away each client logs a
+    ``FAIL`` per connection attempt. With this filter an outage costs each client one line (a
+    line a minute if it lasts).
+    """
+
+    def __init__(self, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.window_s = window_s
+        self.clock = clock
+        self._shown: dict[tuple[str, str], tuple[float, int]] = {}  # -> (shown at, folded since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if not (isinstance(args, tuple) and len(args) == 3):
+            return True  # not a librdkafka line
+        key, now = (str(args[0]), str(args[1])), self.clock()
+        shown = self._shown.get(key)
+        if shown is not None and now - shown[0] < self.window_s:
+            self._shown[key] = (shown[0], shown[1] + 1)
+            return False
+        if len(self._shown) > 1000:  # forget clients long gone
+            self._shown = {k: v for k, v in self._shown.items() if now - v[0] < self.window_s}
+        self._shown[key] = (now, 0)
+        if shown is not None and shown[1]:
+            record.msg = f"{record.msg} (and %d like it in %.0f s)"
+            record.args = (*args, shown[1], now - shown[0])
+        return True
+
+
 _librdkafka_logger = logging.getLogger("epochal.librdkafka")
+_librdkafka_logger.addFilter(FoldRepeats())
 
 _UNAVAILABLE = {
     KafkaError._TRANSPORT,

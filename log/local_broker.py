@@ -154,6 +154,21 @@ class LocalBroker:
         logger.info("broker stopped bootstrap=%s", self.config.bootstrap)
         return True
 
+    def kill(self) -> bool:
+        """SIGKILL the broker, as a crash would (chaos trials, tests): no clean shutdown, the data
+        directory as it was, for :meth:`start` to recover from. False if it was not running."""
+        pid = self._running_pid()
+        if pid is None:
+            return False
+        os.kill(pid, signal.SIGKILL)
+        self._wait_for_exit(pid, 10.0)
+        if self._process is not None and self._process.pid == pid:
+            self._process.wait()
+        self._process = None
+        self._pid_file.unlink(missing_ok=True)
+        logger.info("broker killed bootstrap=%s pid=%s", self.config.bootstrap, pid)
+        return True
+
     def _running_pid(self) -> int | None:
         """The pid in the pid file if that process is alive and is our broker."""
         try:

@@ -42,7 +42,7 @@ from confluent_kafka import (
 )
 
 from epochal.config import WorkerConfig
-from epochal.errors import ConfigError, EpochalError
+from epochal.errors import BrokerUnavailableError, ConfigError, EpochalError
 from epochal.log.client import KafkaClients, translate_kafka_error
 
 __all__ = [
@@ -116,6 +116,7 @@ class GroupState(Enum):
     EMPTY = "empty"
     REBALANCING = "rebalancing"
     UNKNOWN = "unknown"  # dead (never joined, or deleted) or not known
+    UNREACHABLE = "unreachable"  # the broker did not answer: nothing can be said of members
 
     @property
     def settled(self) -> bool:
@@ -214,8 +215,10 @@ _STATES = {
 class GroupObserver:
     """Describes the group at most every ``interval_s``, never blocking the caller.
 
-    ``view(now)`` returns a view when a description has arrived since the last call, else None
-    (also when describing failed: nothing is judged while the broker does not answer).
+    ``view(now)`` returns a view when a description has arrived since the last call, else None:
+    one per request. A broker that does not answer gives a view in state UNREACHABLE (never
+    settled: members drop out of the group while it is away, and that is not their failure);
+    another failure to describe is logged and gives one in state UNKNOWN.
     """
 
     def __init__(self, clients: KafkaClients, group: str, interval_s: float) -> None:
@@ -240,8 +243,11 @@ class GroupObserver:
         try:
             described = future.result()
         except KafkaException as exc:
-            logger.warning("cannot describe group=%s: %s", self.group, exc)
-            return None
+            error = translate_kafka_error(exc, "cannot describe the group", group=self.group)
+            if isinstance(error, BrokerUnavailableError):
+                return GroupView(GroupState.UNREACHABLE, frozenset())
+            logger.warning("%s", error)
+            return GroupView(GroupState.UNKNOWN, frozenset())
         state = _STATES.get(described.state, GroupState.UNKNOWN)
         return GroupView(state, frozenset(m.client_id for m in described.members))
 

@@ -103,7 +103,10 @@ class Cluster:
             *extra,
         ]  # fmt: skip
         log = open(self.run_dir / f"run-{len(self.processes)}.log", "wb")  # noqa: SIM115
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        wide = {**os.environ, "COLUMNS": "300"}  # the supervisor's log lines whole, not wrapped
+        process = subprocess.Popen(
+            command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=wide
+        )
         self.processes.append(process)
         self.logs.append(log)
         wait_until(
@@ -286,7 +289,8 @@ def gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # killed, not reaped yet
+        stat = Path(f"/proc/{pid}/stat").read_text()  # "pid (title, spaces and all) state ..."
+        return stat.rsplit(")", 1)[1].split()[0] == "Z"  # killed, not reaped yet
     except FileNotFoundError:
         return True  # reaped meanwhile
 

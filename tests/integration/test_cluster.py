@@ -31,8 +31,8 @@ def shared(
     running = Cluster(
         f"eo{uuid.uuid4().hex[:8]}", tmp_path_factory.mktemp("run"), KafkaClients(kafka_config)
     )
-    try:  # metrics: workers on port and port+1, the sequencer on port+2
-        running.start(workers=2, partitions=4, metrics_port=free_ports(3))
+    try:  # metrics: workers on port and port+1, the sequencer on port+2, the supervisor +3
+        running.start(workers=2, partitions=4, metrics_port=free_ports(4))
         running.produce(0, deposits=True)
         yield running
         running.stop()

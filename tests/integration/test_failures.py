@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -131,3 +132,39 @@ def test_a_member_whose_loop_blocks_leaves_the_group_within_the_bound(
     watcher.join(5)
     print(f"blocked loop: left the group after {seen[False] - blocked:.2f} s")
     assert seen[False] - blocked < BOUND_MS / 1000 + SLACK_S
+
+
+def test_a_group_watch_that_dies_or_hangs_is_replaced_and_the_cluster_carries_on(
+    cluster: Cluster,
+) -> None:
+    """librdkafka can abort the process that describes the group (its issue #4605): that is a
+    child of its own, and the supervisor replaces it without a rollback; a silent one too."""
+    cluster.start(workers=1)
+    cluster.produce(200, deposits=True)
+    for kill, said in [(signal.SIGABRT, "exited code=-6"), (signal.SIGSTOP, "silent")]:
+        watch = int(cluster.status()["watch"])
+        cmdline = Path(f"/proc/{watch}/cmdline")
+        wait_until(lambda c=cmdline: c.read_bytes().startswith(b"epochal: watch of "), 10, "title")
+        os.kill(watch, kill)  # SIGABRT: what a failed assertion in librdkafka does
+        wait_until(lambda w=watch: cluster.status()["watch"] != w, 10, "no new watch")
+        assert f"group watch {said}" in cluster.log()
+    cluster.produce(200)
+    cluster.check_against_the_oracle()
+    assert cluster.generation() == 1
+    cluster.stop()
+
+
+def test_a_new_supervisor_replaces_the_processes_an_earlier_run_left(cluster: Cluster) -> None:
+    """A hung supervisor (SIGSTOP) keeps its children alive: a new run of the app kills them
+    all and applies each input once."""
+    cluster.start(workers=2)
+    cluster.produce(300, deposits=True)
+    earlier = cluster.status()
+    pids = [earlier["supervisor"], earlier["sequencer"], earlier["watch"], *earlier["workers"]]
+    os.kill(earlier["supervisor"], signal.SIGSTOP)
+    cluster.start(workers=2)
+    assert all(gone(pid) for pid in pids)
+    assert "replaced an earlier run" in cluster.log()
+    cluster.produce(200)
+    cluster.check_against_the_oracle()
+    cluster.stop()

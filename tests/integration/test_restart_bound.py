@@ -76,7 +76,7 @@ def _log_end(cluster: Cluster) -> int:
 
 
 def test_records_replayed_at_a_restart_do_not_grow_with_the_log(cluster: Cluster) -> None:
-    metrics_port = free_ports(3)
+    metrics_port = free_ports(4)  # workers, sequencer, supervisor
     cluster.start(workers=2, partitions=4, metrics_port=metrics_port, snapshot_ms=SNAPSHOT_MS)
     cluster.produce(0, deposits=True)
     _trickle(cluster, bursts=10)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from epochal.actors.lifecycle import is_title_of, kill_earlier
+
 CHILD = textwrap.dedent("""
     import os, sys, time
     from epochal.actors.lifecycle import die_with_parent, set_title
@@ -71,3 +73,50 @@ def test_a_child_whose_parent_died_before_it_was_set_up_dies_at_once() -> None:
                           capture_output=True, text=True, timeout=30)  # fmt: skip
     assert done.returncode == -signal.SIGKILL
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("title", "mine"),
+    [
+        ("epochal: supervisor of bank", True),
+        ("epochal: watch of bank", True),
+        ("epochal: worker 12 of bank (generation 3)", True),
+        ("epochal: sequencer of bank.eu", False),
+        ("epochal: supervisor of bank2", False),
+        ("vim epochal: supervisor of bank", False),
+        ("python -m epochal run bank", False),
+    ],
+)
+def test_only_titles_of_the_apps_processes_are_its_own(title: str, mine: bool) -> None:
+    assert is_title_of(title, "bank") is mine
+
+
+TITLED = (
+    "import sys, time, setproctitle; setproctitle.setproctitle(sys.argv[1]); print(1, "
+    "flush=True); time.sleep(60)"
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_earlier_runs_processes_are_killed_and_nothing_else() -> None:
+    titles = [
+        "epochal: worker 0 of bank (generation 2)",
+        "epochal: worker 0 of bank2 (generation 2)",
+    ]
+    processes = [
+        subprocess.Popen([sys.executable, "-c", TITLED, t], stdout=subprocess.PIPE, text=True)
+        for t in titles
+    ]
+    try:
+        for process in processes:
+            assert process.stdout is not None and process.stdout.readline()  # titled
+        pids = [p.pid for p in processes]
+        assert kill_earlier([*pids, os.getpid()], "bank") == pids[:1]
+        assert processes[0].wait(5) == -signal.SIGKILL
+        assert processes[1].poll() is None  # another app's
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+            if process.stdout is not None:
+                process.stdout.close()

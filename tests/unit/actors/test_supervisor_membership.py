@@ -62,7 +62,9 @@ def test_an_empty_group_is_settled_too() -> None:
     assert {f.name for f in watch.judge(_view(GroupState.EMPTY), now=2.0)} == {SEQ, W0, W1}
 
 
-@pytest.mark.parametrize("state", [GroupState.REBALANCING, GroupState.UNKNOWN])
+@pytest.mark.parametrize(
+    "state", [GroupState.REBALANCING, GroupState.UNKNOWN, GroupState.UNREACHABLE]
+)
 def test_a_rebalance_in_progress_or_an_unknown_state_is_not_judged(state: GroupState) -> None:
     watch = _watch()
     watch.judge(_view(GroupState.STABLE, SEQ, W0, W1), now=1.0)
