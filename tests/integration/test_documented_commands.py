@@ -270,3 +270,27 @@ def test_the_readme_runs_as_written(user: User, kafka: KafkaClients) -> None:
     assert list(summed.values()) == [ACCOUNTS, total], summed
     assert user.stop(again) == 0, user.log(1)
     assert "Traceback" not in user.log(1), user.log(1)
+
+
+def _service_commands() -> list[list[str]]:
+    """The ``epochal`` command lines of docs/operations.md's systemd unit and compose file."""
+    text = (ROOT / "docs" / "operations.md").read_text().replace("\\\n", " ")
+    lines = text.splitlines()
+    commands = [
+        shlex.split(line.split("=", 1)[1]) for line in lines if line.startswith("ExecStart=")
+    ]
+    compose = [line.split(":", 1)[1] for line in lines if line.strip().startswith("command: [")]
+    return commands + [json.loads(command) for command in compose]
+    return commands
+
+
+def test_the_service_definitions_run_commands_that_parse() -> None:
+    """The systemd unit's and the compose file's commands (run by a service manager, not
+    here) name a command and flags ``epochal`` has."""
+    from epochal.cli import _parser
+
+    commands = _service_commands()
+    assert len(commands) == 2
+    for argv in commands:
+        assert Path(argv[0]).name == "epochal", argv
+        _parser().parse_args(argv[1:])  # exits (a test failure) on an unknown flag
