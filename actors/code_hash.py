@@ -1,4 +1,4 @@
-"""The code hash: which application code wrote a command log (DESIGN §2.3).
+"""The code hash: which application code wrote a command log (docs/concepts.md).
 
 Every epoch record carries it, and replay under another hash is refused unless forced, because
 other code may compute another state from the same log. It covers:

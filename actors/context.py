@@ -3,13 +3,13 @@
 The same function, :func:`run_transaction`, serves the engine, the serial oracle and replay, so a
 transaction means one thing everywhere. Writes, emits and egress are buffered in the context and
 become the outcome only if the handler returns and every written actor meets its constraints:
-an abort has no effect anywhere (DESIGN §2.2).
+an abort has no effect anywhere (docs/concepts.md).
 
 Every value crosses the boundary between handler code and the engine as canonical bytes
 (:mod:`epochal.schemas.canonical`): ``get`` decodes a fresh copy, ``put`` and ``emit`` validate
 and encode at once. So a handler never holds a reference into the store, a value that breaks
 its schema never reaches it, and every participant of a transaction — on this worker or another —
-computes on equal values (DESIGN §2.3).
+computes on equal values (docs/concepts.md).
 
 Only exceptions of handler code are aborts; MemoryError, RecursionError, SystemError (and the
 operator's KeyboardInterrupt) propagate and stop the worker. Breaking the contract — an

@@ -1,6 +1,7 @@
 """State digests: a sum, mod 2**256, of one hash per ``(actor type, key, canonical state)``.
 
-Engines, the oracle and replay are compared by digest (DESIGN §2.3): equal digests, equal state.
+Engines, the oracle and replay are compared by digest (docs/concepts.md): equal digests, equal
+state.
 A sum of item hashes does not depend on order, so each partition keeps its own share up to date
 on every write (two hashes per write, instead of hashing all state every epoch), and the digest
 of a cluster is the sum of its partitions' shares. States are hashed as their canonical bytes

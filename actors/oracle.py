@@ -1,6 +1,6 @@
 """The serial oracle: every transaction of the command log, one by one, on one dict.
 
-It is the reference every engine test compares against (DESIGN §2.1): same command log, same
+It is the reference every engine test compares against (docs/concepts.md): same command log, same
 state digest, same outcomes. Deliberately naive: no partitions, no exchange, no concurrency.
 """
 

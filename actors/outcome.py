@@ -11,7 +11,7 @@ from epochal.schemas.commands import InputPosition, KeyRef
 __all__ = ["FATAL", "Emitted", "TxnOutcome"]
 
 # Failures of the process, never of a transaction: they must not become an abort on one
-# participant only, so they stop the worker and recovery takes over (DESIGN §2.9).
+# participant only, so they stop the worker and recovery takes over (docs/concepts.md).
 # KeyboardInterrupt is the operator's, not the handler's.
 FATAL: tuple[type[BaseException], ...] = (
     MemoryError, RecursionError, SystemError, KeyboardInterrupt,

@@ -114,7 +114,7 @@ def plan_epoch(app: App, record: EpochRecord, carried: list[Emitted]) -> list[In
 
 def ensure_same_code(record: EpochRecord, running: str, allowed: bool = False) -> None:
     """Refuse an epoch logged by other application code: replaying it could give another state
-    (DESIGN §2.3). ``running`` is ``app.code_hash()``, computed once: it reads source files."""
+    (docs/concepts.md). ``running`` is ``app.code_hash()``, computed once: it reads source files."""
     if record.code_hash != running and not allowed:
         raise RecoveryError(
             "the command log was written by other application code; replaying it could give "

@@ -15,7 +15,7 @@ reads ``SERIALIZABLE``.
 The client learns the layout — which worker serves which key range, in which generation — from
 any worker it can reach, keeps one pipelined connection per worker, and follows the cluster
 across rollbacks: a lost connection, a reply of another generation or a replaying worker makes
-it learn the layout again and retry, until the call's timeout. Isolation levels (DESIGN §2.7):
+it learn the layout again and retry, until the call's timeout. Isolation levels (docs/queries.md):
 
 - ``LIVE``: the newest value on the worker (it may include the running epoch, and a crash may
   roll it back). Reads of several workers are not one cut.

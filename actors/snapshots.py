@@ -1,4 +1,4 @@
-"""A worker's part in snapshots (DESIGN §2.5, ENGINE.md §4), whatever stores them.
+"""A worker's part in snapshots (docs/recovery.md), whatever stores them.
 
 At the end of an epoch the sequencer marked, every worker takes the changes of its partitions
 since the last snapshot (O(changed actors), on the event loop: :meth:`Engine.run_epoch`), and

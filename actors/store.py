@@ -4,7 +4,7 @@ Values are the canonical msgpack of :mod:`epochal.schemas.canonical`: immutable,
 handler holds can change the store, every participant of a transaction decodes the same bytes,
 reads go to other workers without re-encoding, and digests hash them directly.
 
-One versioned store serves both snapshots and consistent reads (ENGINE.md §3): for every actor
+One versioned store serves both snapshots and consistent reads: for every actor
 written since the **floor** epoch the store keeps its value at the floor and at the end of each
 epoch that wrote it. A snapshot at epoch e takes the actors changed since the last snapshot —
 exactly those with versions — with their values at e and at the floor (their digest delta) in

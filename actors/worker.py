@@ -19,7 +19,7 @@ refused: two sequencers wrote the log. When the epoch just run emitted interior 
 and no new epoch comes, worker 0 asks the sequencer for one (a *tick* on ``<app>.requests``),
 so an idle input never strands them. Anything that is not a handler's exception (a lost peer,
 Kafka failing, a bug) ends the process; the supervisor then rolls the whole cluster back to a
-new generation (DESIGN §2.9).
+new generation (docs/concepts.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Spark SQL over an app's history: temp views on any SparkSession that has Delta configured.
 
-:func:`register_views` reads the app's tables under ``<warehouse>/<app>/`` (DESIGN §5) and
+:func:`register_views` reads the app's tables under ``<warehouse>/<app>/`` (docs/recovery.md) and
 registers, for each actor type (view names are the type's name in lower case; ``prefix`` goes
 before every view's name):
 

@@ -80,7 +80,7 @@ def spark_session(config: SparkConfig) -> SparkSession:
         **_local_delta_settings(config.master),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        # handlers replay on executors: the same hash seed everywhere (DESIGN §2.3)
+        # handlers replay on executors: the same hash seed everywhere (docs/concepts.md)
         "spark.executorEnv.PYTHONHASHSEED": "0",
         **config.conf,
     }

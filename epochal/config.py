@@ -328,7 +328,7 @@ class WorkerConfig:
 
 @dataclass(frozen=True)
 class FailureConfig:
-    """How ``epochal run`` detects failures (DESIGN §2.9) and paces the rollbacks they cause.
+    """How ``epochal run`` detects failures (docs/concepts.md) and paces the rollbacks they cause.
 
     A process that stops heart-beating or polling for ``failure_timeout_ms`` leaves the cluster's
     Kafka group and is failed; the default, 6000, is the least a stock broker allows

@@ -1,6 +1,6 @@
 """``epochal run``: one sequencer and N worker processes, kept alive as one cluster.
 
-A failed worker or sequencer triggers a cluster-wide rollback (DESIGN §2.9): every worker is
+A failed worker or sequencer triggers a cluster-wide rollback (docs/concepts.md): every worker is
 killed, the generation goes up, and all workers start again; they load the latest snapshot,
 replay the command log after it and produce egress only past what each partition already
 committed. Frames and replies carry the generation, so a zombie of the old generation is

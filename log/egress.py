@@ -4,10 +4,10 @@ Partition p produces under the stable transactional id ``<app>.egress.<p>``. Eac
 transactions holds its egress records and one :class:`EgressPosition` record (key
 ``writer:<p>``) on the compacted topic ``<app>.egress-positions``: the command-log position the
 transaction covers. The position is exactly as durable as the egress it describes and, unlike a
-consumer group's offsets, Kafka never expires it (DESIGN §2.4, §2.9). A restarted partition
+consumer group's offsets, Kafka never expires it (docs/concepts.md). A restarted partition
 replays silently up to its position and produces only after it; a zombie with the same id is
 fenced by ``init_transactions``, which also aborts its open transaction. One transaction may span
-many epochs: fewer commits, and egress is released when it commits (DESIGN §2.6). In weak mode
+many epochs: fewer commits, and egress is released when it commits (docs/recovery.md). In weak mode
 partition 0's writer also releases the dead letters (``actors/egress.py``), under the same
 positions.
 

@@ -1,6 +1,6 @@
 """Weak mode's path from the sequencer to the workers: epochs over TCP, no command log.
 
-In weak recovery (DESIGN §2.6) nothing is logged: the sequencer sends each epoch straight to
+In weak recovery (docs/recovery.md) nothing is logged: the sequencer sends each epoch straight to
 every worker, and the input topics are the only log. The workers connect to the sequencer and
 say which snapshot they resumed from (:class:`FeedHello`); the sequencer waits for all of them,
 checks they agree, and re-sequences the input from that snapshot's positions, numbering epochs

@@ -7,7 +7,7 @@ anywhere leaves either the whole epoch or nothing. An epoch is logged only when 
 consumed (an input record or a request, valid or dead, or a worker's tick): an idle app's log
 does not grow.
 
-Start, in this order (DESIGN §2.9):
+Start, in this order (docs/concepts.md):
 
 1. ``init_transactions`` under the stable transactional id fences an older sequencer and aborts
    its open transaction, so the tail read next is final;
@@ -23,7 +23,7 @@ Start, in this order (DESIGN §2.9):
 3. the client request ids of the last ``request_id_window_ms`` are rebuilt from the requests
    topic, from ``offsets_for_times(now - window)`` up to the logged positions.
 
-In weak recovery (``recovery="weak"``, DESIGN §2.6) nothing is logged: the sequencer waits
+In weak recovery (``recovery="weak"``, docs/recovery.md) nothing is logged: the sequencer waits
 for the workers on its epoch feed (:mod:`epochal.log.epoch_feed`), resumes from the snapshot
 they resumed from (its epoch, time and input positions), and sends each epoch to them with its
 dead letters. The sequencer writes none itself: after a rollback it re-sequences the records

@@ -1,4 +1,4 @@
-"""Topic names of an application (DESIGN §5), in one place."""
+"""Topic names of an application (docs/recovery.md), in one place."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Replay starts from a snapshot (``restored``, the latest complete one) or from the log's first
 epoch, and runs the same engine on the same command log, so it reaches the same state as the
-cluster did (DESIGN §2.3); the digest proves it. One process owns every key, so nothing is
+cluster did (docs/concepts.md); the digest proves it. One process owns every key, so nothing is
 exchanged. A command log written by other application code is refused unless allowed.
 """
 

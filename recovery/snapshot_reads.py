@@ -1,5 +1,5 @@
 """Reads of retained snapshots straight from Delta, without Spark or the workers: the live query
-client's ``SNAPSHOT(ssid)`` isolation level (DESIGN §2.7).
+client's ``SNAPSHOT(ssid)`` isolation level (docs/queries.md).
 
 A snapshot's actors of one type are the rows of ``state/<type>`` at the Delta version that its
 manifest row names (a Delta version is not an ssid). A read skips every Parquet row group whose

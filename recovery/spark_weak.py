@@ -1,5 +1,5 @@
 """Weak recovery as a PySpark job (``epochal recover --mode weak``): re-sequence the input
-topics after the latest snapshot into a new snapshot, with no command log (DESIGN §2.6).
+topics after the latest snapshot into a new snapshot, with no command log (docs/recovery.md).
 
 An app run with ``--recovery weak`` logs nothing; its input topics are the only log. This job
 reads them with the **Spark Kafka source** from the input positions of the latest (weak-mode)

@@ -7,7 +7,7 @@ value's own order (dict insertion order, a set's iteration order), which is dete
 every executor computes the value the same way under ``PYTHONHASHSEED=0`` (msgspec's sorted
 encoding would refuse dicts with int keys). Every participant of a transaction decodes the same
 bytes, so every handler sees equal values of equal types wherever it runs, and nothing a handler
-holds is shared with the store (DESIGN §2.3).
+holds is shared with the store (docs/concepts.md).
 
 Nesting is bounded by :data:`MAX_NESTING`: msgspec recurses on the C stack and fails with
 RecursionError at a depth that depends on the caller's own stack, which would differ between a

@@ -80,7 +80,7 @@ class EpochRecord(msgspec.Struct, frozen=True):
     only the partitions of this epoch): the last epoch alone tells a restarted sequencer where to
     resume, so positions never depend on consumer-group offsets that Kafka may expire. A partition
     absent from it has never been read. ``code_hash`` identifies the application's code: replay
-    under a different hash is refused unless forced (DESIGN §2.3). ``snapshot``: every worker
+    under a different hash is refused unless forced (docs/concepts.md). ``snapshot``: every worker
     snapshots its partitions at the end of this epoch (the cut's id, its ssid, is the epoch):
     the sequencer decides, so that every worker cuts at the same boundary without a word.
     """

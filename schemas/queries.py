@@ -38,7 +38,7 @@ __all__ = [
 
 
 class ReadLevel(IntEnum):
-    """How current a live read is (DESIGN §2.7): the two isolation levels a query server
+    """How current a live read is (docs/queries.md): the two isolation levels a query server
     answers (``SERIALIZABLE`` reads go through the command log, snapshots to Delta)."""
 
     LIVE = 0  # the newest value in memory, perhaps of the running epoch

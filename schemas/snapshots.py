@@ -3,7 +3,7 @@
 A snapshot ``ssid`` is the state of every partition at the end of epoch ``ssid``. Each worker
 writes the changes of its partitions as Parquet files and reports them (:class:`SnapshotPart`);
 once every worker has, one committer adds them to the Delta tables and appends the
-:class:`Manifest` row **last**: no manifest row, no snapshot (DESIGN §2.5).
+:class:`Manifest` row **last**: no manifest row, no snapshot (docs/recovery.md).
 """
 
 from __future__ import annotations

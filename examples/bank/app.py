@@ -34,7 +34,7 @@ __all__ = [
 ACCOUNTS = 10_000
 
 # Schema-level validation: a record that breaks these never becomes a transaction, it goes to the
-# dead-letter topic with the reason (DESIGN §2.8). Business rules (no overdraft) are aborts.
+# dead-letter topic with the reason (docs/concepts.md). Business rules (no overdraft) are aborts.
 AccountKey = Annotated[str, msgspec.Meta(pattern=r"^acct-\d{4}$")]
 Amount = Annotated[int, msgspec.Meta(gt=0)]
 

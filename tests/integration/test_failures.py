@@ -1,4 +1,4 @@
-"""Every failure is detected within the bound and rolls the cluster back (DESIGN §2.9), with
+"""Every failure is detected within the bound and rolls the cluster back (docs/concepts.md), with
 real processes on the real broker: a frame a worker cannot handle, a stopped (SIGSTOP) worker
 or sequencer, and ``kill -9`` of the supervisor alone (its children die with it; a new run then
 applies each input once). Each run ends with the serial oracle's result. And a member whose

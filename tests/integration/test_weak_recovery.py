@@ -1,4 +1,4 @@
-"""Weak recovery (DESIGN §2.6) with real processes, Kafka and Delta: no command log; the
+"""Weak recovery (docs/recovery.md) with real processes, Kafka and Delta: no command log; the
 sequencer sends epochs to the workers, egress waits for the snapshot that covers it, and a
 crash re-sequences the input from the latest snapshot's offsets.
 

@@ -1,4 +1,4 @@
-"""No record, of any bytes or size, makes the sequencer's pure path raise (DESIGN §2.8).
+"""No record, of any bytes or size, makes the sequencer's pure path raise (docs/concepts.md).
 
 Arbitrary bytes, JSON documents and msgpack values, on the input topic, on a topic no transaction
 reads, and as client requests; deep nesting (1,000 and 100,000 levels), integers wider than 64
