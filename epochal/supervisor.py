@@ -49,7 +49,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -69,7 +69,7 @@ from epochal.config import (
     SnapshotConfig,
     WorkerConfig,
 )
-from epochal.errors import ConfigError, RecoveryError
+from epochal.errors import BrokerUnavailableError, ConfigError, LogError, RecoveryError
 from epochal.log.client import KafkaClients
 from epochal.log.egress import ensure_positions_topic, read_egress_state
 from epochal.log.membership import (
@@ -169,12 +169,16 @@ def _unrecoverable_file(config: ClusterConfig, app: str) -> Path:
 
 
 @contextlib.contextmanager
-def _exit_if_unrecoverable(role: str, record: Path) -> Iterator[None]:
-    """A truncated log, a log of other code, a wrong configuration, a port taken: no restart
-    can help, so the child writes why to ``record`` and exits with :data:`EXIT_UNRECOVERABLE`,
-    and the supervisor stops instead of looping. The file, not only the exit code, tells the
-    supervisor: the child leaves the cluster's group before it exits, and a supervisor that
-    acts on the group first kills it, exit code and all."""
+def _child_failures(role: str, record: Path, stop: _Stop) -> Iterator[None]:
+    """How a child ends on a failure that is not a bug, in one log line, no traceback.
+
+    A truncated log, a log of other code, a wrong configuration, a port taken: no restart can
+    help, so the child writes why to ``record`` and exits with :data:`EXIT_UNRECOVERABLE`, and
+    the supervisor stops instead of looping. The file, not only the exit code, tells the
+    supervisor: the child leaves the cluster's group before it exits, and a supervisor that acts
+    on the group first kills it, exit code and all. Kafka gone, or a peer lost: the supervisor
+    rolls back (once the broker answers), so the child says what happened and exits 1; while
+    stopping, that is just how the stop reached it."""
     try:
         yield
     except (RecoveryError, ConfigError) as exc:
@@ -182,6 +186,12 @@ def _exit_if_unrecoverable(role: str, record: Path) -> Iterator[None]:
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(f"{role} cannot go on: {exc}")
         sys.exit(EXIT_UNRECOVERABLE)
+    except (LogError, TransportError) as exc:
+        if stop():  # workers stop each at its own epoch: one may go while another still waits
+            logger.info("%s stopped as the cluster did: %s", role, exc)
+            return
+        logger.error("%s stops: %s", role, exc)
+        sys.exit(1)
 
 
 def _snapshots(config: ClusterConfig, app: App) -> DeltaSnapshots | None:
@@ -219,7 +229,7 @@ def _sequencer_main(config: ClusterConfig, name: MemberName, parent: int) -> Non
         return stop()
 
     try:
-        with _exit_if_unrecoverable("sequencer", _unrecoverable_file(config, app.name)):
+        with _child_failures("sequencer", _unrecoverable_file(config, app.name), stop):
             sequencer.run(should_stop)
     finally:
         membership.stop()
@@ -233,17 +243,8 @@ def _worker_main(config: ClusterConfig, worker: WorkerConfig, parent: int) -> No
     stop = _Stop(handle_sigint=False)
     child_logging()
     app = load_app(config.app_spec, config.app_name)
-    record = _unrecoverable_file(config, app.name)
-    try:
-        with _exit_if_unrecoverable(f"worker {worker.worker}", record):
-            Worker(app, worker, config.kafka, _snapshots(config, app)).run(stop)
-    except TransportError as exc:
-        if stop():  # workers stop each at its own epoch: one may go while another still waits
-            logger.info("worker stopped as its peers did worker=%d: %s", worker.worker, exc)
-            return
-        # a lost peer is the supervisor's to handle (a rollback), not a bug to trace back
-        logger.error("worker lost a peer worker=%d: %s", worker.worker, exc)
-        sys.exit(1)
+    with _child_failures(f"worker {worker.worker}", _unrecoverable_file(config, app.name), stop):
+        Worker(app, worker, config.kafka, _snapshots(config, app)).run(stop)
 
 
 class Supervisor:
@@ -295,10 +296,10 @@ class Supervisor:
                 lost = self._lost()
                 if lost and not stop():
                     self._roll_back(lost, stop)
-                elif not stop() and self.rebalancer.due(time.monotonic()):
+                elif not stop() and not self.outage.away and self.rebalancer.due(time.monotonic()):
                     choice = self._rebalance_choice()
                     if choice is not None:
-                        self._rebalance(choice)
+                        self._rebalance(choice, stop)
         finally:
             self._stop([*self.workers, *([self.sequencer] if self.sequencer else [])])
             self.group.stop()
@@ -493,7 +494,7 @@ class Supervisor:
             return None
         return choice
 
-    def _rebalance(self, choice: LayoutChoice) -> None:
+    def _rebalance(self, choice: LayoutChoice, stop: _Stop) -> None:
         """A planned rollback to a learned layout: the workers stop (and the sequencer, in weak
         mode, where it re-sequences from the snapshot), the old layout's egress is finished,
         and a new generation starts under the new one."""
@@ -502,7 +503,11 @@ class Supervisor:
         self._stop([*self.workers, *([self.sequencer] if weak and self.sequencer else [])])
         app = load_app(self.config.app_spec, self.config.app_name)
         clients = KafkaClients(self.config.kafka)
-        self._apply_layout(app, clients, choice.ranges, _snapshots(self.config, app))
+        snapshots = _snapshots(self.config, app)
+        if not self._waiting_out_the_broker(
+            lambda: self._apply_layout(app, clients, choice.ranges, snapshots), stop
+        ):
+            return  # stopped meanwhile: the next run finishes the layout change
         self.generation += 1
         logger.warning(
             "rolling back generation=%d restart_sequencer=%s reason=rebalance",
@@ -512,6 +517,28 @@ class Supervisor:
         if weak:
             self._start_sequencer()
         self._start_workers()
+
+    def _waiting_out_the_broker(self, work: Callable[[], None], stop: _Stop) -> bool:
+        """Run ``work`` (the supervisor's own Kafka calls, with no process running), again
+        until the broker answers: one line when it does not, one when it does; False if told to
+        stop first. ``work`` must be safe to repeat (finishing a layout is)."""
+        away_since: float | None = None
+        while not stop():
+            try:
+                work()
+            except BrokerUnavailableError as exc:
+                if away_since is None:
+                    away_since = time.monotonic()
+                    self.metrics.set("epochal_broker_available", 0.0)
+                    logger.warning("Kafka broker unreachable; waiting: %s", exc)
+                time.sleep(1.0)
+                continue
+            if away_since is not None:
+                self.metrics.set("epochal_broker_available", 1.0)
+                away_s = time.monotonic() - away_since
+                logger.warning("Kafka broker reachable again after %.1f s", away_s)
+            return True
+        return False
 
     def _start_sequencer(self) -> None:
         self.sequencer_name = MemberName(self.run_id, Role.SEQUENCER, 0, self.generation)
