@@ -177,7 +177,7 @@ def test_restarts_after_idle_and_busy_stops_go_on_whatever_retention_trimmed(
     cluster.kafka.create_topics([f"{cluster.name}.in.ops"])
     cluster.produce(0, deposits=True)  # there before the start: all in epoch 0, a snapshot
     start()
-    (young,) = _idle(cluster)
+    (young,) = _idle(cluster, keep)
     position = young.command_log_position
     assert cluster.kafka.watermarks(command_log) == (position, position + 1)  # a marker left
     cluster.stop()
@@ -193,15 +193,17 @@ def test_restarts_after_idle_and_busy_stops_go_on_whatever_retention_trimmed(
 
     start()
     cluster.produce(100)
-    assert len(_idle(cluster)) <= keep
+    assert len(_idle(cluster, keep)) <= keep
     cluster.check_against_the_oracle()
     cluster.check_snapshots_against_the_oracle()
     cluster.stop()
 
 
-def _idle(cluster: Cluster) -> list[Manifest]:
+def _idle(cluster: Cluster, keep: int) -> list[Manifest]:
     """Waits until every input is out, the latest snapshot covers it and ends the log (nothing
-    left to run after it), and retention trimmed the log back to the oldest snapshot kept."""
+    left to run after it), and retention expired all but the ``keep`` newest snapshots (right
+    after a commit there is one more for a moment: expiry follows the commit) and trimmed the
+    log back to the oldest one kept."""
     running, command_log = cluster.processes[-1], f"{cluster.name}.cmd"
 
     def idle() -> bool:
@@ -212,7 +214,7 @@ def _idle(cluster: Cluster) -> list[Manifest]:
         low, high = cluster.kafka.watermarks(command_log)
         covered = sum(o for k, o in latest.input_positions.items() if k.endswith(".in.ops:0"))
         ends = high == latest.command_log_position + 1 and not carried_of(latest)
-        trimmed = low == manifests[0].command_log_position
+        trimmed = low == manifests[0].command_log_position and len(manifests) <= keep
         return covered == cluster.produced and ends and trimmed
 
     assert len(cluster.wait_for_egress()) == cluster.transfers, cluster.log()
