@@ -27,17 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from epochal.actors.api import App
-from epochal.actors.engine import Engine
+from epochal.actors.engine import Engine, EpochResult
 from epochal.actors.outcome import TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import ensure_same_code
 from epochal.actors.snapshots import Restored, Snapshots, carried_of
+from epochal.log.amendments import read_amendments, skipped_dead_letters
 from epochal.log.client import KafkaClients
-from epochal.log.command_log import KafkaCommandLog
+from epochal.log.command_log import KafkaCommandLog, LoggedEpoch
 from epochal.log.egress import (
     EgressState,
     EgressWriter,
@@ -46,7 +47,7 @@ from epochal.log.egress import (
     write_layout,
 )
 from epochal.schemas.codec import encode
-from epochal.schemas.commands import DeadLetter
+from epochal.schemas.commands import DeadLetter, PartitionId
 from epochal.schemas.egress import ClientReply, EgressLayout, EgressRecord
 from epochal.schemas.snapshots import OutboxRow
 
@@ -57,6 +58,7 @@ __all__ = [
     "held_dead_letters",
     "layout_in_force",
     "prepare_egress",
+    "stage_egress",
 ]
 
 logger = logging.getLogger(__name__)
@@ -92,6 +94,29 @@ def egress_records(app: App, outcome: TxnOutcome) -> list[tuple[str, bytes]]:
     return records
 
 
+def stage_egress(
+    app: App,
+    writers: Mapping[PartitionId, EgressWriter],
+    logged: LoggedEpoch,
+    result: EpochResult,
+) -> None:
+    """Hand one epoch's egress to the writers that have not released it yet (a replayed epoch
+    is skipped by a writer that covers it): each partition's outcomes, and on
+    :data:`DEAD_LETTER_PARTITION`'s writer the dead letters of transactions an operator skipped
+    (``epochal skip``), so each is written once however often the epoch is replayed."""
+    for partition, outcomes in result.by_partition.items():
+        writer = writers[partition]
+        if logged.position < writer.covered:
+            continue
+        for outcome in outcomes:
+            for topic, value in egress_records(app, outcome):
+                writer.add(topic, value)
+    dead = writers.get(PartitionId(DEAD_LETTER_PARTITION))
+    if dead is not None and logged.position >= dead.covered:
+        for letter in skipped_dead_letters(logged.record):
+            dead.add(app.topics.dead_letters, encode(letter), letter.key)
+
+
 def held_dead_letters(app: App, epoch: int, dead: Sequence[DeadLetter]) -> list[OutboxRow]:
     """Weak mode: the dead letters of epoch ``epoch`` as outbox rows of
     :data:`DEAD_LETTER_PARTITION`, released with the snapshot that covers the epoch."""
@@ -114,7 +139,6 @@ def prepare_egress(
     ranges: KeyRanges,
     snapshots: Snapshots | None = None,
     *,
-    allow_code_change: bool = False,
     on_epoch: Callable[[int], None] = lambda position: None,
 ) -> EgressLayout:
     """Make ``ranges`` the egress layout before the workers start (the supervisor's job)."""
@@ -134,7 +158,7 @@ def prepare_egress(
             old.recorded(),
             ranges.recorded(),
         )
-        end = _OldLayout(app, clients, old, snapshots, allow_code_change, on_epoch).finish()
+        end = _OldLayout(app, clients, old, snapshots, on_epoch).finish()
         layout = EgressLayout(ranges.partitions, end, ranges.recorded())
     write_layout(clients, app.name, layout)
     return layout
@@ -148,7 +172,6 @@ class _OldLayout:
     clients: KafkaClients
     ranges: KeyRanges
     snapshots: Snapshots | None
-    allow_code_change: bool
     on_epoch: Callable[[int], None]
 
     def finish(self) -> int:
@@ -199,16 +222,14 @@ class _OldLayout:
             start = manifest.command_log_position
         code_hash = app.code_hash()
         log = KafkaCommandLog(self.clients, app.topics.command_log)
-        for logged in log.epochs(start, to_end=True):
-            ensure_same_code(logged.record, code_hash, self.allow_code_change)
+        amendments = read_amendments(self.clients, app.name)
+        by_partition = {PartitionId(p): writer for p, writer in enumerate(writers)}
+        for read in log.epochs(start, to_end=True):
+            logged = amendments.amend(read)
+            ensure_same_code(logged.record, code_hash)
             result = await engine.run_epoch(logged.record)
-            for partition, outcomes in result.by_partition.items():
-                writer = writers[partition]
-                if logged.position < writer.covered:
-                    continue  # this writer released it before
-                for outcome in outcomes:
-                    for topic, value in egress_records(app, outcome):
-                        writer.add(topic, value)
+            stage_egress(app, by_partition, logged, result)
+            for writer in writers:
                 if writer.pending >= MAX_PENDING_EGRESS:
                     writer.commit(logged.position + 1)
             self.on_epoch(logged.position)

@@ -83,11 +83,26 @@ def interior_seqs(carried: Iterable[Emitted]) -> list[tuple[int, Emitted]]:
     return [(i - len(ordered), emitted) for i, emitted in enumerate(ordered)]
 
 
-def _interior(app: App, epoch: int, carried: list[Emitted]) -> list[Invocation]:
+def _handler(app: App, name: str, epoch: int, seq: int) -> Handler:
+    """The handler a logged or emitted transaction names: one the running code no longer has
+    cannot run it (``epochal run`` refuses such a deploy at start, naming it)."""
+    try:
+        return app.handlers[name]
+    except KeyError:
+        raise RecoveryError(
+            f"handler {name!r} is not in this version of the app, but the command log still "
+            "has a transaction for it: deploy a version that has it, or skip the transaction "
+            "(`epochal skip`)", epoch=epoch, seq=seq,
+        ) from None  # fmt: skip
+
+
+def _interior(
+    app: App, epoch: int, carried: list[Emitted], skipped: dict[int, str]
+) -> list[Invocation]:
     out = []
     for seq, emitted in interior_seqs(carried):
-        handler = app.handlers[emitted.handler]
-        event, error = _decoded(handler, emitted.event)
+        handler = _handler(app, emitted.handler, epoch, seq)
+        event, error = (None, skipped[seq]) if seq in skipped else _decoded(handler, emitted.event)
         out.append(
             Invocation(
                 epoch, seq, handler, event, emitted.keys, Origin.INTERIOR, error,
@@ -98,11 +113,16 @@ def _interior(app: App, epoch: int, carried: list[Emitted]) -> list[Invocation]:
 
 
 def plan_epoch(app: App, record: EpochRecord, carried: list[Emitted]) -> list[Invocation]:
-    """Interior transactions first, then the logged ones in seq order."""
-    plan = _interior(app, record.epoch, carried)
+    """Interior transactions first, then the logged ones in seq order; those an operator
+    skipped (``record.skipped``) abort with the reason, unread."""
+    skipped = record.skipped
+    plan = _interior(app, record.epoch, carried, skipped)
     for txn in record.txns:
-        handler = app.handlers[txn.handler]
-        event, error = _decoded(handler, txn.event)
+        handler = _handler(app, txn.handler, record.epoch, txn.seq)
+        if txn.seq in skipped:  # an operator sent it to the dead letters: it aborts as planned
+            event, error = None, skipped[txn.seq]
+        else:
+            event, error = _decoded(handler, txn.event)
         plan.append(
             Invocation(
                 record.epoch, txn.seq, handler, event, txn.keys, txn.origin, error,

@@ -42,6 +42,7 @@ from epochal.actors.egress import (
     egress_records,
     held_dead_letters,
     layout_in_force,
+    stage_egress,
 )
 from epochal.actors.engine import Engine, EpochResult, partitions_of
 from epochal.actors.outcome import Emitted
@@ -59,6 +60,7 @@ from epochal.actors.store import Change
 from epochal.actors.transport import CommittedFrame, PartFrame, Peers
 from epochal.config import KafkaConfig, WorkerConfig
 from epochal.errors import ConfigError, LogError
+from epochal.log.amendments import Amendments, read_amendments
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import EpochPoller, KafkaCommandLog, LoggedEpoch
 from epochal.log.egress import EgressWriter, read_egress_state
@@ -117,6 +119,7 @@ class Worker:
         self.snapshots = snapshots
         self.clients = KafkaClients(kafka)
         self.code_hash = app.code_hash()  # reads source files: once, not per epoch
+        self.amendments = Amendments()  # read at start: skipped transactions, re-coded epochs
         self.weak = bool(config.feed)  # weak recovery: epochs from the sequencer, egress held
         if self.weak and snapshots is None:
             raise ConfigError("weak recovery needs snapshots: they release its egress")
@@ -177,6 +180,10 @@ class Worker:
         loop = asyncio.get_running_loop()
         mine = partitions_of(config.worker, config.partitions, config.workers)
         writers, ranges = await loop.run_in_executor(None, self._open_egress, mine)
+        if not self.weak:  # weak mode has no command log to amend
+            self.amendments = await loop.run_in_executor(
+                None, read_amendments, self.clients, self.app.name
+            )
         engine = Engine(self.app, config.partitions, config.worker, config.workers, peers,
                         track_digest=config.track_digest, snapshots=self.snapshots is not None,
                         queries=bool(config.query), ranges=ranges)  # fmt: skip
@@ -251,6 +258,7 @@ class Worker:
     ) -> None:
         """One epoch: check it follows → execute → stage egress → maybe snapshot."""
         progress.epoch = _follows(logged, progress.epoch)
+        logged = self.amendments.amend(logged)
         result = await self._execute(engine, logged)
         if taking is not None:
             taking.archive(logged.record)
@@ -258,7 +266,7 @@ class Worker:
             assert taking is not None, "weak recovery takes snapshots"
             taking.hold(logged, result)
         else:
-            self._stage_egress(writers, logged, result)
+            stage_egress(self.app, writers, logged, result)
         progress.next = logged.position + 1
         snapshot = result.changes if taking is not None else None
         full = any(w.pending >= MAX_PENDING_EGRESS for w in writers.values())
@@ -390,17 +398,6 @@ class Worker:
                 self.metrics.inc("epochal_aborts_total", handler=outcome.handler,
                                  reason=abort_category(outcome.reason))  # fmt: skip
         return result
-
-    def _stage_egress(
-        self, writers: dict[PartitionId, EgressWriter], logged: LoggedEpoch, result: EpochResult
-    ) -> None:
-        for partition, outcomes in result.by_partition.items():
-            writer = writers[partition]
-            if logged.position < writer.covered:
-                continue  # replayed: this partition's egress for it is already out
-            for outcome in outcomes:
-                for topic, value in egress_records(self.app, outcome):
-                    writer.add(topic, value)
 
 
 async def _close(

@@ -229,6 +229,7 @@ def _replay(args: argparse.Namespace) -> int:
 
     from rich.progress import Progress
 
+    from epochal.log.amendments import read_amendments
     from epochal.log.client import KafkaClients
     from epochal.log.command_log import KafkaCommandLog
     from epochal.recovery.replay import replay_command_log
@@ -254,7 +255,7 @@ def _replay(args: argparse.Namespace) -> int:
         engine, epochs = replay_command_log(
             app, logged, allow_code_change=args.allow_code_change,
             on_epoch=lambda position: progress.update(task, completed=position + 1 - start),
-            restored=restored,
+            restored=restored, amendments=read_amendments(clients, app.name),
         )  # fmt: skip
     by_type: dict[str, list[tuple[object, Any]]] = defaultdict(list)
     for ref, value in engine.items():
@@ -342,6 +343,22 @@ def _recover_weak(args: argparse.Namespace, config: SnapshotConfig, spark: Any) 
     console.print(f"  snapshot {report.ssid} committed, digest {report.digest}; it holds "
                   f"{report.egress:,} egress records and the dead letters, which "
                   "`epochal run --recovery weak` releases")  # fmt: skip
+    return 0
+
+
+def _skip(args: argparse.Namespace) -> int:
+    """Record that one logged transaction goes to the dead letters (``epochal/skip.py``)."""
+    from epochal.log.client import KafkaClients
+    from epochal.recovery.snapshots import DeltaSnapshots
+    from epochal.skip import skip_transaction
+
+    _apps_from_working_directory()
+    app = load_app(args.app, args.name)
+    clients = KafkaClients(KafkaConfig(args.bootstrap, _settings(args.kafka_setting)))
+    config = SnapshotConfig(args.warehouse, _settings(args.storage_option))
+    snapshots = DeltaSnapshots(app, config, partitions=1)
+    skipped = skip_transaction(app, clients, snapshots, args.epoch, args.seq)
+    console.print(skipped.describe(app), highlight=False, soft_wrap=True)
     return 0
 
 
@@ -583,6 +600,21 @@ def _recovery_commands(commands: Any, app_flags: Callable[[argparse.ArgumentPars
                          help="delta-rs storage option")  # fmt: skip
     listing.set_defaults(handler=_snapshots)
 
+    skip = commands.add_parser(
+        "skip", help="send one poison transaction to the dead-letter topic instead of running it"
+    )
+    skip.add_argument("app", help="module:attribute of the App, e.g. examples.bank.app:app")
+    skip.add_argument("--epoch", type=int, required=True, help="the transaction's epoch")
+    skip.add_argument("--seq", type=int, required=True, help="its seq in the epoch")
+    skip.add_argument("--name", help="app name (default: the App's)")
+    skip.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap")
+    skip.add_argument("-X", dest="kafka_setting", action="append", default=[],
+                      metavar="KEY=VALUE", help="librdkafka setting")  # fmt: skip
+    skip.add_argument("--warehouse", default="warehouse", help="where the snapshots are")
+    skip.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                      help="delta-rs storage option")  # fmt: skip
+    skip.set_defaults(handler=_skip)
+
 
 class _ShowDefaults(argparse.HelpFormatter):
     """``--help`` gives every option's default, unless its help already says it (a default
@@ -703,7 +735,7 @@ def entry() -> None:
 
 
 # Commands that read Delta tables through pyarrow and delta-rs in this process.
-_ARROW_COMMANDS = frozenset({"snapshots", "replay", "recover", "sql"})
+_ARROW_COMMANDS = frozenset({"snapshots", "replay", "recover", "sql", "skip"})
 
 
 def _exit_now(code: int) -> None:

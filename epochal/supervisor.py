@@ -69,7 +69,9 @@ from epochal.config import (
     SnapshotConfig,
     WorkerConfig,
 )
+from epochal.deploy import check_deploy
 from epochal.errors import BrokerUnavailableError, ConfigError, LogError, RecoveryError
+from epochal.log.amendments import ensure_amendments_topic
 from epochal.log.client import KafkaClients
 from epochal.log.egress import ensure_positions_topic, read_egress_state
 from epochal.log.membership import (
@@ -441,8 +443,11 @@ class Supervisor:
         clients.create_topics([app.topics.egress(name) for name in egress])
         clients.create_topics([app.topics.replies], partitions=1)  # client transactions' outcomes
         ensure_positions_topic(clients, app.name)
-        current = layout_in_force(app, read_egress_state(clients, app.name, committed=False))
+        ensure_amendments_topic(clients, app.name)
         snapshots = _snapshots(self.config, app)
+        if self.config.sequencer.recovery == "strong":  # weak mode logs no epochs to re-run
+            check_deploy(app, clients, snapshots, self.config.worker.allow_code_change)
+        current = layout_in_force(app, read_egress_state(clients, app.name, committed=False))
         choice = choose_layout(
             app, self.config.worker.partitions, current, snapshots, self.config.rebalance.skew
         )
@@ -464,8 +469,7 @@ class Supervisor:
             def on_epoch(position: int) -> None:
                 progress.update(task, completed=position + 1, visible=True)
 
-            prepare_egress(app, clients, ranges, snapshots, on_epoch=on_epoch,
-                           allow_code_change=self.config.worker.allow_code_change)  # fmt: skip
+            prepare_egress(app, clients, ranges, snapshots, on_epoch=on_epoch)
         self.layout = ranges
 
     def _rebalance_choice(self) -> LayoutChoice | None:
@@ -558,6 +562,7 @@ class Supervisor:
             self.config.worker,
             run_id=self.run_id,
             failure_timeout_ms=self.config.failure.failure_timeout_ms,
+            allow_code_change=False,  # the start's check recorded what runs under this code
         )
         cpus = worker_cpus(template.workers) if self.config.pin_cpus else [None] * template.workers
         self.workers = []

@@ -51,6 +51,11 @@ class TopicNames:
         return f"{self.app}.dlq"
 
     @property
+    def amendments(self) -> str:
+        """Compacted: skipped transactions and re-coded epochs (``log/amendments.py``)."""
+        return f"{self.app}.amendments"
+
+    @property
     def egress_positions(self) -> str:
         """Compacted: how far each egress writer has released egress (``log/egress.py``)."""
         return f"{self.app}.egress-positions"

@@ -15,6 +15,7 @@ from epochal.actors.api import App
 from epochal.actors.engine import LocalEngine
 from epochal.actors.plan import ensure_same_code
 from epochal.actors.snapshots import Restored, carried_of
+from epochal.log.amendments import Amendments
 from epochal.log.command_log import LoggedEpoch
 
 __all__ = ["replay_command_log"]
@@ -28,9 +29,11 @@ def replay_command_log(
     allow_code_change: bool = False,
     on_epoch: Callable[[int], None] = lambda position: None,
     restored: Restored | None = None,
+    amendments: Amendments | None = None,
 ) -> tuple[LocalEngine, int]:
     """Replay epochs from a command log (Kafka or the in-memory twin) into a fresh engine, after
-    the snapshot ``restored`` if given (``epochs`` then start after it).
+    the snapshot ``restored`` if given (``epochs`` then start after it), with the log's
+    ``amendments`` (skipped transactions, re-coded epochs: ``log/amendments.py``) applied.
 
     Returns the engine (its state) and the number of epochs replayed.
     """
@@ -39,11 +42,13 @@ def replay_command_log(
         manifest = restored.manifest
         engine.load(restored.actors, manifest.epoch, carried_of(manifest))
     code_hash = app.code_hash()
+    amended = amendments or Amendments()
     replayed = 0
 
     async def run() -> None:
         nonlocal replayed
-        for logged in epochs:
+        for read in epochs:
+            logged = amended.amend(read)
             ensure_same_code(logged.record, code_hash, allow_code_change)
             await engine.run_epoch(logged.record)
             replayed += 1

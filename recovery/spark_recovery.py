@@ -71,6 +71,7 @@ from epochal.actors.plan import ensure_same_code
 from epochal.actors.snapshots import carried_of, with_log_position
 from epochal.config import KafkaConfig, SnapshotConfig
 from epochal.errors import ConfigError, RecoveryError, SnapshotMissingError
+from epochal.log.amendments import read_amendments
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import EpochAssembler
 from epochal.log.egress import ensure_positions_topic, read_egress_state
@@ -294,6 +295,7 @@ class _Recovery:
         self.start = self.base.command_log_position if self.base else 0
         self.clients.check_position("strong recovery", self.topic, 0, self.start)
         self.end = self.clients.end_offset(self.topic)
+        self.amendments = read_amendments(self.clients, self.app.name)
         if into is None:
             self.end = _egress_released(self.clients, self.app.name, self.end)
 
@@ -384,7 +386,8 @@ class _Recovery:
                     "the command log skips or repeats an epoch", topic=self.topic,
                     offset=info.position, epoch=info.epoch, expected=expected,
                 )  # fmt: skip
-            ensure_same_code(info.header(), running, self.allow_code_change)
+            header = self.amendments.apply(info.header())
+            ensure_same_code(header, running, self.allow_code_change)
             expected += 1
 
     def _boundaries(self, infos: Sequence[EpochInfo]) -> list[int]:
@@ -457,6 +460,7 @@ class _Recovery:
             self.app_spec, self.app.name, self.target.app.name, self.config,
             self.original.partitions, _import_roots(self.app_spec), base.epoch if base else -1,
             tuple(carried_of(base)) if base else (), tuple(boundaries), progress,
+            self.amendments,
         )  # fmt: skip
 
     def _copy_base(self, setup: TaskSetup, files: list[tuple[str, str]]) -> Manifest | None:

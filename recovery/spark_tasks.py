@@ -31,6 +31,7 @@ from epochal.actors.outcome import Emitted
 from epochal.actors.store import Change
 from epochal.config import SnapshotConfig
 from epochal.errors import RecoveryError
+from epochal.log.amendments import Amendments
 from epochal.log.command_log import EpochChunk
 from epochal.recovery.snapshots import DeltaSnapshots
 from epochal.schemas.codec import decode, encode
@@ -145,12 +146,15 @@ class TaskSetup:
     carried: tuple[Emitted, ...]
     boundaries: tuple[int, ...]
     progress: tuple[str, int] | None
+    amendments: Amendments = dataclasses.field(default_factory=Amendments)
 
     def load(self) -> tuple[App, DeltaSnapshots]:
         """On an executor: the app, and the snapshots it writes parts of."""
         if os.environ.get("PYTHONHASHSEED") != "0":
-            raise RecoveryError("Spark's Python workers must run with PYTHONHASHSEED=0 (DESIGN "
-                                "§2.3): set it in the executors' environment")  # fmt: skip
+            raise RecoveryError(
+                "Spark's Python workers must run with PYTHONHASHSEED=0 (docs/concepts.md): "
+                "set it in the executors' environment"
+            )
         for root in self.import_roots:  # where the driver imported the app from (local mode)
             if root not in sys.path and os.path.isdir(root):
                 sys.path.insert(0, root)
@@ -231,8 +235,9 @@ def route_log(
     def run(index: int, logged: Iterable[tuple[int, bytes]]) -> Iterator[Any]:
         tasks = None if task_of is None else task_of.value
         closing: dict[int, list[EpochRecord]] = {}
-        for _, data in logged:
-            record = decode(data, EpochRecord)
+        for _, read in logged:
+            record = setup.amendments.apply(decode(read, EpochRecord))
+            data = read if not record.skipped else encode(record)
             ssid = setup.boundaries[bisect.bisect_left(setup.boundaries, record.epoch)]
             closing.setdefault(ssid, []).append(record)
             if tasks is None:

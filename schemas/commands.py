@@ -13,7 +13,10 @@ from typing import NewType
 import msgspec
 
 __all__ = [
+    "SKIPPED_REASON",
     "ActorKey",
+    "Amendment",
+    "AmendmentKind",
     "ClientRequest",
     "CommandTxn",
     "DeadLetter",
@@ -83,6 +86,9 @@ class EpochRecord(msgspec.Struct, frozen=True):
     under a different hash is refused unless forced (docs/concepts.md). ``snapshot``: every worker
     snapshots its partitions at the end of this epoch (the cut's id, its ssid, is the epoch):
     the sequencer decides, so that every worker cuts at the same boundary without a word.
+    ``skipped``: the seqs an operator sent to the dead-letter topic, each with its reason; the
+    sequencer logs none: they are filled in from the log's :class:`Amendment` records when the
+    epoch is read back (``log/amendments.py``), as ``code_hash`` is after a deploy.
     """
 
     epoch: int
@@ -92,6 +98,43 @@ class EpochRecord(msgspec.Struct, frozen=True):
     txns: tuple[CommandTxn, ...] = ()
     next_offsets: dict[str, int] = {}
     snapshot: bool = False
+    skipped: dict[int, str] = {}
+
+
+SKIPPED_REASON = "skipped by an operator (epochal skip)"
+
+
+class AmendmentKind(IntEnum):
+    """What an amendment changes about epochs already logged."""
+
+    SKIP = 0  # one transaction goes to the dead-letter topic instead of running
+    RECODE = 1  # epochs whose egress was never released run under a new deploy's code
+
+
+class Amendment(msgspec.Struct, frozen=True):
+    """A change to logged epochs that is not the sequencer's: ``epochal skip`` of a poison
+    input, or a deploy that runs epochs never released under its own code. Amendments live on
+    the compacted topic ``<app>.amendments``, one record per :attr:`key`, so writing one twice
+    changes nothing; every reader of the command log applies them (``log/amendments.py``).
+
+    SKIP names ``first_epoch`` (= ``last_epoch``) and ``seq``; RECODE names the epochs
+    ``first_epoch..last_epoch`` and the ``code_hash`` they run under. ``at_ms`` and ``note``
+    say when and why, for people.
+    """
+
+    kind: AmendmentKind
+    first_epoch: int
+    last_epoch: int
+    seq: int = 0
+    code_hash: str = ""
+    at_ms: int = 0
+    note: str = ""
+
+    @property
+    def key(self) -> bytes:
+        if self.kind is AmendmentKind.SKIP:
+            return f"skip:{self.first_epoch}:{self.seq}".encode()
+        return f"recode:{self.first_epoch}:{self.last_epoch}".encode()
 
 
 class DeadLetter(msgspec.Struct, frozen=True):
