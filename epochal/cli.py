@@ -358,7 +358,7 @@ def _skip(args: argparse.Namespace) -> int:
     config = SnapshotConfig(args.warehouse, _settings(args.storage_option))
     snapshots = DeltaSnapshots(app, config, partitions=1)
     skipped = skip_transaction(app, clients, snapshots, args.epoch, args.seq)
-    console.print(skipped.describe(app), highlight=False, soft_wrap=True)
+    Console().print(skipped.describe(app), highlight=False, soft_wrap=True)  # the answer: stdout
     return 0
 
 

@@ -94,12 +94,18 @@ def plan_deploy(
 
 
 def _epochs(epochs: list[int]) -> str:
-    return f"{epochs[0]}" if epochs[0] == epochs[-1] else f"{epochs[0]}..{epochs[-1]}"
+    """``epoch 4`` or ``epochs 4..9``."""
+    if epochs[0] == epochs[-1]:
+        return f"epoch {epochs[0]}"
+    return f"epochs {epochs[0]}..{epochs[-1]}"
 
 
 def _codes(entries: list[tuple[int, int, str]]) -> str:
+    """The codes that ran ``entries``, short, with their epoch counts when several did."""
     counts = Counter(code[:12] for _, _, code in entries)
-    return ", ".join(f"{code} ({n} epochs)" for code, n in counts.items())
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{code} for {n}" for code, n in counts.items())
 
 
 def check_deploy(
@@ -116,7 +122,7 @@ def check_deploy(
     for handler, epochs in plan.missing.items():
         raise RecoveryError(
             f"handler {handler!r} is not in this version of the app, but {len(epochs)} "
-            f"transactions of epochs {_epochs(epochs)} still to replay call it: deploy a "
+            f"transactions of {_epochs(epochs)} still to replay call it: deploy a "
             "version that has it, or send each to the dead letters (`epochal skip`)",
             handler=handler,
         )  # fmt: skip
@@ -126,17 +132,16 @@ def check_deploy(
     released = plan.released_other_code
     if released and not allow_code_change:
         raise RecoveryError(
-            f"epochs {_epochs([e for e, _, _ in released])} after the latest snapshot were run "
-            f"by other code ({_codes(released)}) and their egress is released (up to "
-            f"command-log position {plan.released - 1}); re-running them under this code "
-            f"({plan.running[:12]}) could contradict it. Start the version that ran them and "
-            "stop it with SIGTERM or `epochal stop` (a stop is a savepoint), then deploy; or "
-            "pass --allow-code-change to re-run them anyway",
-            first_epoch=first, last_epoch=last,
-        )  # fmt: skip
+            f"{_epochs([e for e, _, _ in released])} after the latest snapshot ran under other "
+            f"code ({_codes(released)}) and released egress (up to command-log position "
+            f"{plan.released - 1}): re-running them under this code ({plan.running[:12]}) could "
+            "contradict what was released. Start the version that ran them and stop it with "
+            "SIGTERM or `epochal stop` (a stop is a savepoint), then deploy this one; or pass "
+            "--allow-code-change to re-run them anyway"
+        )
     if released:
         logger.warning(
-            "--allow-code-change: epochs %s were released by other code (%s) and now run under "
+            "--allow-code-change: %s released egress under other code (%s) and now run under "
             "this code (%s); egress up to command-log position %d may be contradicted",
             _epochs([e for e, _, _ in released]), _codes(released), plan.running[:12],
             plan.released - 1,

@@ -1,0 +1,148 @@
+"""Deploying over a running app's log, as an operator does it with ``epochal run`` and
+``epochal skip``: a poison input skipped goes to the dead letters once and the cluster goes on;
+new code never silently re-runs epochs whose egress was released under the old."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+
+import msgspec
+import pytest
+
+from epochal.log.amendments import read_amendments
+from epochal.log.command_log import KafkaCommandLog
+from epochal.recovery.replay import replay_command_log
+from epochal.schemas.codec import decode
+from epochal.schemas.commands import SKIPPED_REASON
+from epochal.schemas.egress import EgressRecord
+from tests.integration.cluster import EPOCHAL, ROOT, Cluster, gone, wait_until
+from tests.integration.deploys import v1
+
+pytestmark = pytest.mark.integration
+
+V1, V2 = "tests.integration.deploys.v1:app", "tests.integration.deploys.v2:app"
+
+
+def _top_ups(cluster: Cluster, amounts: list[int]) -> list[tuple[int, int]]:
+    ups = [(i % 40, amount) for i, amount in enumerate(amounts)]
+    values = [msgspec.msgpack.encode(v1.TopUp(w, a)) for w, a in ups]
+    cluster.produce_values(values, topic="in.topups")
+    return ups
+
+
+def _receipts(cluster: Cluster) -> list[v1.Receipt]:
+    records = [decode(value, EgressRecord) for value in cluster.read("out.receipts")]
+    return [msgspec.msgpack.decode(r.value, type=v1.Receipt) for r in records]
+
+
+def _epochal(*args: str) -> subprocess.CompletedProcess[str]:
+    wide = {**os.environ, "COLUMNS": "300"}
+    return subprocess.run([EPOCHAL, *args], cwd=ROOT, env=wide, capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+
+
+def _poison(cluster: Cluster) -> tuple[int, int, int]:
+    """(epoch, seq, input offset) of the top-up of 13, from the command log."""
+    log = KafkaCommandLog(cluster.kafka, f"{cluster.name}.cmd")
+    for logged in log.epochs(to_end=True):
+        for txn in logged.record.txns:
+            if msgspec.msgpack.decode(txn.event, type=v1.TopUp).amount == 13:
+                assert txn.source is not None
+                return logged.record.epoch, txn.seq, txn.source.offset
+    raise AssertionError("the poison input was never logged")
+
+
+def test_a_skipped_poison_input_goes_to_the_dead_letters_once_and_the_app_goes_on(
+    cluster: Cluster,
+) -> None:
+    cluster.app_spec = V1
+    cluster.start(workers=1, partitions=2, snapshot_ms=0)  # each generation replays it all
+    ups = _top_ups(cluster, [*range(1, 13), 13, *range(14, 30)])
+    wait_until(lambda: cluster.generation() >= 2, 60, "the poison never crashed a worker",
+               log=cluster.log)  # fmt: skip
+    epoch, seq, offset = _poison(cluster)
+    skip = ["skip", V1, "--name", cluster.name, "--epoch", str(epoch), "--seq", str(seq),
+            "--bootstrap", cluster.kafka.config.bootstrap_servers,
+            "--warehouse", str(cluster.warehouse)]  # fmt: skip
+    done = _epochal(*skip)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"transaction epoch={epoch} seq={seq} handler=top_up" in done.stdout
+    assert f"input={cluster.name}.in.topups/" in done.stdout and "is skipped" in done.stdout
+    again = _epochal(*skip)
+    assert again.returncode == 0 and "was already skipped" in again.stdout, again.stdout
+
+    wait_until(lambda: len(_receipts(cluster)) == len(ups) - 1, 60,
+               "the app did not get past the skipped input", log=cluster.log)  # fmt: skip
+    generation = cluster.generation()
+    os.kill(cluster.status()["workers"][0], signal.SIGKILL)  # a replay runs the epoch again
+    wait_until(lambda: cluster.generation() > generation, 30, "no rollback", log=cluster.log)
+    _top_ups(cluster, [1])
+    wait_until(lambda: len(_receipts(cluster)) == len(ups), 60, "the app stopped", log=cluster.log)
+
+    (letter,) = cluster.dead_letters()  # once, however often its epoch ran
+    assert (letter.reason, letter.offset, letter.topic) == (
+        SKIPPED_REASON, offset, f"{cluster.name}.in.topups",
+    )  # fmt: skip
+    assert msgspec.msgpack.decode(letter.value, type=v1.TopUp) == v1.TopUp(12 % 40, 13)
+    wallets = dataclasses.replace(v1.app, name=cluster.name)
+    log = KafkaCommandLog(cluster.kafka, f"{cluster.name}.cmd")
+    amendments = read_amendments(cluster.kafka, cluster.name)
+    engine, _ = replay_command_log(wallets, log.epochs(to_end=True), amendments=amendments)
+    balances = {ref.key: msgspec.structs.asdict(value)["balance"] for ref, value in engine.items()}
+    expected: dict[int, int] = {}
+    for wallet, amount in [*ups, (0, 1)]:
+        if amount != 13:
+            expected[wallet] = expected.get(wallet, 0) + amount
+    assert balances == expected
+    cluster.stop()
+
+
+def test_new_code_never_silently_reruns_released_epochs_and_the_override_is_not_sticky(
+    cluster: Cluster,
+) -> None:
+    cluster.app_spec = V1
+    cluster.start(workers=1, partitions=2, snapshot_ms=60_000)  # the epochs stay after it
+    ups = _top_ups(cluster, list(range(1, 7)))
+    wait_until(lambda: len(_receipts(cluster)) == len(ups), 60, "no receipts", log=cluster.log)
+    ups += _top_ups(cluster, list(range(7, 13)))  # in epochs after the first snapshot
+    wait_until(lambda: len(_receipts(cluster)) == len(ups), 60, "no receipts", log=cluster.log)
+    supervisor = cluster.processes[-1]
+    supervisor.send_signal(signal.SIGKILL)  # no savepoint: a crash, or `kill -9`
+    supervisor.wait(10)
+    children = [*cluster.status()["workers"], cluster.status()["sequencer"]]
+    wait_until(lambda: all(gone(pid) for pid in children), 10, "children outlived their parent")
+
+    run = ["run", V2, "--name", cluster.name, "--bootstrap", cluster.kafka.config.bootstrap_servers,
+           "--run-dir", str(cluster.run_dir), "--warehouse", str(cluster.warehouse),
+           "--workers", "1", "--partitions", "2"]  # fmt: skip
+    refused = _epochal(*run)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert re.match(
+        r"error: epochs? \d+(\.\.\d+)? after the latest snapshot ran under other code", line
+    )
+    assert "released egress" in line and "could contradict what was released" in line
+    assert "`epochal stop`" in line and "--allow-code-change" in line
+
+    cluster.app_spec = V2
+    cluster.start(workers=1, partitions=2, snapshot_ms=60_000, extra=["--allow-code-change"])
+    assert "--allow-code-change: epoch" in cluster.log() and "may be contradicted" in cluster.log()
+    _top_ups(cluster, [13])
+    wait_until(lambda: len(_receipts(cluster)) == len(ups) + 1, 60, "v2 did not run",
+               log=cluster.log)  # fmt: skip
+    cluster.processes[-1].send_signal(signal.SIGKILL)
+    cluster.processes[-1].wait(10)
+
+    before = len(cluster.log())
+    cluster.start(workers=1, partitions=2, snapshot_ms=60_000)  # no flag: nothing to force
+    _top_ups(cluster, [13])
+    wait_until(lambda: len(_receipts(cluster)) == len(ups) + 2, 60, "v2 did not go on",
+               log=cluster.log)  # fmt: skip
+    assert "--allow-code-change" not in cluster.log()[before:]
+    last = _receipts(cluster)[-1]
+    assert last.wallet == 0 and last.balance == 1 + 7 + 26 + 26  # both 13s doubled: v2 ran them
+    cluster.stop()
