@@ -24,7 +24,7 @@ from tests.integration.deploys import v1
 
 pytestmark = pytest.mark.integration
 
-V1, V2 = "tests.integration.deploys.v1:app", "tests.integration.deploys.v2:app"
+V1, V2, V3 = (f"tests.integration.deploys.v{n}:app" for n in (1, 2, 3))
 
 
 def _top_ups(cluster: Cluster, amounts: list[int]) -> list[tuple[int, int]]:
@@ -101,7 +101,7 @@ def test_a_skipped_poison_input_goes_to_the_dead_letters_once_and_the_app_goes_o
     cluster.stop()
 
 
-def test_new_code_never_silently_reruns_released_epochs_and_the_override_is_not_sticky(
+def test_new_code_never_silently_reruns_released_epochs_or_a_removed_handler_and_no_flag_sticks(
     cluster: Cluster,
 ) -> None:
     cluster.app_spec = V1
@@ -116,10 +116,16 @@ def test_new_code_never_silently_reruns_released_epochs_and_the_override_is_not_
     children = [*cluster.status()["workers"], cluster.status()["sequencer"]]
     wait_until(lambda: all(gone(pid) for pid in children), 10, "children outlived their parent")
 
-    run = ["run", V2, "--name", cluster.name, "--bootstrap", cluster.kafka.config.bootstrap_servers,
+    run = ["--name", cluster.name, "--bootstrap", cluster.kafka.config.bootstrap_servers,
            "--run-dir", str(cluster.run_dir), "--warehouse", str(cluster.warehouse),
            "--workers", "1", "--partitions", "2"]  # fmt: skip
-    refused = _epochal(*run)
+    renamed = _epochal("run", V3, *run)  # its handler has another name
+    assert renamed.returncode == 1, renamed.stdout + renamed.stderr
+    (line,) = [line for line in renamed.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith(
+        "error: handler 'top_up' is not in this version of the app, but 6 transactions of epoch"
+    ), line
+    refused = _epochal("run", V2, *run)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     (line,) = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert re.match(
