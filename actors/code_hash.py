@@ -3,13 +3,15 @@
 Every epoch record carries it, and replay under another hash is refused unless forced, because
 other code may compute another state from the same log. It covers:
 
-* the source of every module that defines the app's actor types, handlers or event types;
-* the source of every module those import, directly or not (top-level or inside functions),
+* the code of every module that defines the app's actor types, handlers or event types;
+* the code of every module those import, directly or not (top-level or inside functions),
   that belongs to the application: not Python's standard library, not an installed
   distribution, not epochal itself;
 * the name and version of every installed distribution the app's modules import.
 
-It does not cover epochal's own version, the Python version, data files or the environment.
+"Code" is each module's syntax tree without its docstrings: a change to comments, docstrings,
+blank lines or formatting is not a change of code, and needs no deploy check. It does not cover
+epochal's own version, the Python version, data files or the environment.
 """
 
 from __future__ import annotations
@@ -126,12 +128,32 @@ def app_modules(objects: Iterable[object]) -> tuple[dict[str, str], set[str]]:
     return sources, distributions
 
 
+def _is_docstring(statement: ast.stmt) -> bool:
+    if not isinstance(statement, ast.Expr) or not isinstance(statement.value, ast.Constant):
+        return False
+    return isinstance(statement.value.value, str)
+
+
+def _code(source: str) -> str:
+    """What of a module's source runs: its syntax tree without docstrings, without positions
+    (so neither comments nor formatting count). A source that does not parse counts as is."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    scopes = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+    for node in ast.walk(tree):
+        if isinstance(node, scopes) and node.body and _is_docstring(node.body[0]):
+            node.body = node.body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False)
+
+
 def code_hash(objects: Iterable[object]) -> str:
     """16 hex digits over the app's modules and imported distributions (see the docstring)."""
     sources, distributions = app_modules(objects)
     digest = hashlib.sha256()
     for name in sorted(sources):
-        digest.update(f"{name}\0{sources[name]}\0".encode())
+        digest.update(f"{name}\0{_code(sources[name])}\0".encode())
     for dist in sorted(distributions):
         digest.update(f"{dist}\0".encode())
     return digest.hexdigest()[:16]

@@ -183,6 +183,20 @@ def test_the_code_hash_covers_modules_the_handlers_import_and_library_versions(
     assert _hash() != before
 
 
+def test_comments_docstrings_and_formatting_are_not_code(app_package: Path) -> None:
+    module = app_package / "app.py"
+    source = module.read_text()
+    before = _hash()
+    noted = source.replace(
+        "def pay(ctx: Context, e: Pay) -> None:\n",
+        'def pay(ctx: Context, e: Pay) -> None:  # a comment\n    """Pays the fee."""\n\n',
+    )
+    module.write_text(f'"""The app."""\n# more words\n{noted}\n\n')
+    assert noted != source and _hash() == before
+    module.write_text(source.replace("balance -= FEE", "balance -= FEE + 0"))
+    assert _hash() != before
+
+
 def test_the_code_hash_is_read_once_per_app_and_again_when_the_app_grows(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
