@@ -138,6 +138,9 @@ def ensure_same_code(record: EpochRecord, running: str, allowed: bool = False) -
     if record.code_hash != running and not allowed:
         raise RecoveryError(
             "the command log was written by other application code; replaying it could give "
-            "another state (pass --allow-code-change to replay anyway)",
+            "another state. A cluster: start it again with `epochal run`, which checks what "
+            "may run under this code (the code changed under a running cluster: install a new "
+            "version beside the old one, not over it). `epochal replay`/`recover`: pass "
+            "--allow-code-change to replay anyway",
             epoch=record.epoch, logged=record.code_hash, running=running,
         )  # fmt: skip
