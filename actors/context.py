@@ -20,6 +20,7 @@ transaction even if the handler catches the exception.
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import re
 from collections.abc import Mapping
@@ -33,6 +34,8 @@ from epochal.actors.plan import EpochClock, Invocation
 from epochal.errors import EpochalError, SchemaError, TransactionAborted, describe_exception
 from epochal.schemas.codec import encode
 from epochal.schemas.commands import ActorKey, KeyRef, Origin
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_EGRESS_BYTES",
@@ -256,7 +259,8 @@ def run_transaction(
         reason = ctx.violation or ctx.broken_constraint()
         if client and returned is not None and reason is None:
             result, reason = _result_of(returned)
-    except FATAL:
+    except FATAL as exc:
+        logger.error("%s", poison_line(inv, exc))
         raise
     except BaseException as exc:  # handler code's exception, however odd: an abort
         reason = ctx.violation or describe_exception(exc)
@@ -268,6 +272,21 @@ def run_transaction(
         egress=ctx.egressed, source=inv.source, request_id=inv.request_id, client=client,
         result=result,
     )  # fmt: skip
+
+
+def poison_line(inv: Invocation, exc: BaseException) -> str:
+    """One line naming a transaction whose handler stopped its worker: which handler, at which
+    timestamp, from which input, and the two ways past it (docs/operations.md)."""
+    where = "none (interior)"
+    if inv.source is not None:
+        where = f"{inv.source.topic}/{inv.source.partition}@{inv.source.offset}"
+    request = f" request_id={inv.request_id}" if inv.request_id else ""
+    return (
+        f"transaction crashed its worker handler={inv.handler.name} epoch={inv.epoch} "
+        f"seq={inv.seq} origin={Origin(inv.origin).name.lower()} input={where}{request} "
+        f"error={describe_exception(exc)}: it will crash every replay; deploy a fixed version, "
+        f"or skip it: epochal skip APP --epoch {inv.epoch} --seq {inv.seq}"
+    )
 
 
 def _result_of(returned: object) -> tuple[bytes, str | None]:

@@ -65,6 +65,13 @@ def test_a_skipped_poison_input_goes_to_the_dead_letters_once_and_the_app_goes_o
     wait_until(lambda: cluster.generation() >= 2, 60, "the poison never crashed a worker",
                log=cluster.log)  # fmt: skip
     epoch, seq, offset = _poison(cluster)
+    named = (
+        f"transaction crashed its worker handler=top_up epoch={epoch} seq={seq} origin=border "
+        rf"input={cluster.name}\.in\.topups/\d+@{offset} error=RecursionError: unlucky: it "
+        f"will crash every replay; deploy a fixed version, or skip it: epochal skip APP "
+        f"--epoch {epoch} --seq {seq}"
+    )
+    assert re.search(named, cluster.log()), cluster.log()
     skip = ["skip", V1, "--name", cluster.name, "--epoch", str(epoch), "--seq", str(seq),
             "--bootstrap", cluster.kafka.config.bootstrap_servers,
             "--warehouse", str(cluster.warehouse)]  # fmt: skip
