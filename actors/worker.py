@@ -213,6 +213,9 @@ class Worker:
                 if due and not self.weak:  # weak: egress goes out when a snapshot commits
                     await progress.commit(writers)
                 ticker.after_poll(bool(epochs), progress.epoch - 1, bool(engine.carried))
+                if progress.final is not None:
+                    await _end_at_savepoint(peers, taking, progress.final)
+                    break
             if not self.weak:
                 await progress.commit(writers)
         finally:
@@ -259,6 +262,8 @@ class Worker:
         """One epoch: check it follows → execute → stage egress → maybe snapshot."""
         progress.epoch = _follows(logged, progress.epoch)
         logged = self.amendments.amend(logged)
+        if logged.record.final:
+            progress.final = logged.record.epoch
         result = await self._execute(engine, logged)
         if taking is not None:
             taking.archive(logged.record)
@@ -427,6 +432,7 @@ class _Progress:
     next: int  # the command-log position after the last epoch executed
     epoch: int  # the epoch that must come next
     committed_at: float = field(default_factory=time.monotonic)  # egress last committed
+    final: int | None = None  # the final epoch of a clean stop, once executed
 
     @classmethod
     def after(cls, resumed: Manifest | None) -> _Progress:
@@ -483,6 +489,16 @@ class _Recovery:
         logger.info("recovered worker=%d from_ssid=%d from_position=%d replayed_records=%d "
                     "seconds=%.3f", self.worker, self.ssid, self.start,
                     next_position - self.start, seconds)  # fmt: skip
+
+
+async def _end_at_savepoint(peers: Peers | None, taking: _Snapshotting | None, final: int) -> None:
+    """The sequencer's final epoch ran: wait until its snapshot is committed (worker 0 commits
+    it and tells the others) and, in weak mode, the egress it held is released; then the
+    worker stops, and a start after it replays nothing. The supervisor bounds the wait."""
+    while taking is not None and (taking.committed_ssid < final or taking.busy):
+        _check(peers, taking)
+        await asyncio.sleep(0.01)
+    logger.info("worker stops at a savepoint epoch=%d", final)
 
 
 def _check(peers: Peers | None, taking: _Snapshotting | None) -> None:
@@ -575,6 +591,12 @@ class _Snapshotting:
         self._releasing = asyncio.Lock()
         self._tasks: set[asyncio.Future[None]] = set()
         self._error: BaseException | None = None
+        self.committed_ssid = -1  # the latest snapshot known committed (worker 0 tells)
+
+    @property
+    def busy(self) -> bool:
+        """Frames or held egress still going out."""
+        return bool(self._tasks)
 
     def archive(self, record: EpochRecord) -> None:
         if self.committer is not None:
@@ -633,7 +655,7 @@ class _Snapshotting:
         self.metrics.set("epochal_snapshot_lag_epochs", self.last_epoch - manifest.ssid)
         logger.info("snapshot committed ssid=%d actors=%s seconds=%.2f", manifest.ssid,
                     manifest.actors, seconds)  # fmt: skip
-        if self.worker.weak and self.peers is not None:
+        if self.peers is not None:  # weak mode releases egress then; a stop ends at it
             for peer in range(self.worker.config.workers):
                 if peer != self.worker.config.worker:
                     self.peers.send(peer, CommittedFrame(self.peers.generation, manifest.ssid))
@@ -643,6 +665,7 @@ class _Snapshotting:
     def release(self, ssid: int) -> None:
         """Snapshot ``ssid`` committed: in weak mode, what it (and any before) held goes out,
         in one Kafka transaction per partition, recording ``ssid + 1`` as released."""
+        self.committed_ssid = max(self.committed_ssid, ssid)
         if not self.worker.weak:
             return
         ready = sorted(s for s in self._holding if s <= ssid)

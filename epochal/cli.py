@@ -165,7 +165,8 @@ def _run(args: argparse.Namespace) -> int:
         run_dir=Path(args.run_dir),
         metrics_port=args.metrics_port + workers + 1 if args.metrics_port else 0,
         failure=FailureConfig(failure_timeout_ms=args.failure_timeout_ms,
-                              startup_timeout_ms=args.startup_timeout_ms),
+                              startup_timeout_ms=args.startup_timeout_ms,
+                              stop_timeout_ms=args.stop_timeout_ms),
         rebalance=RebalanceConfig(args.rebalance_check_ms, args.rebalance_skew),
         snapshots=None if args.no_snapshots else SnapshotConfig(
             args.warehouse, _settings(args.storage_option), keep=args.keep_snapshots,
@@ -530,6 +531,9 @@ def _run_flags(run: argparse.ArgumentParser) -> None:
     run.add_argument("--query-tls-cert", help="serve queries over TLS with this certificate")
     run.add_argument("--query-tls-key", help="... and this private key")
     run.add_argument("--run-dir", default=".epochal/run", help="where pids and status go")
+    run.add_argument("--stop-timeout-ms", type=int, default=30_000,
+                     help="SIGTERM ends the cluster on a savepoint (a final snapshot); after "
+                          "this long, what is left is killed instead")  # fmt: skip
     run.add_argument("--failure-timeout-ms", type=int, default=6000,
                      help="a process or peer silent this long has failed (the broker's "
                           "group.min.session.timeout.ms is the least)")  # fmt: skip

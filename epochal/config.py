@@ -335,7 +335,8 @@ class FailureConfig:
     (``group.min.session.timeout.ms``). A process must join within ``startup_timeout_ms`` of its
     start. The supervisor describes the group every ``watch_interval_ms``. A failure less than
     ``backoff_reset_ms`` after the previous one waits before the rollback: ``backoff_initial_ms``,
-    doubling up to ``backoff_max_ms``.
+    doubling up to ``backoff_max_ms``. A clean stop (SIGTERM) waits up to ``stop_timeout_ms``
+    for the cluster to end on a savepoint, then kills what is left.
 
     >>> FailureConfig().failure_timeout_ms
     6000
@@ -347,6 +348,7 @@ class FailureConfig:
     backoff_initial_ms: int = 500
     backoff_max_ms: int = 30_000
     backoff_reset_ms: int = 60_000
+    stop_timeout_ms: int = 30_000
 
 
 @dataclass(frozen=True)

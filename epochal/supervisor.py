@@ -302,10 +302,52 @@ class Supervisor:
                     choice = self._rebalance_choice()
                     if choice is not None:
                         self._rebalance(choice, stop)
+            self._stop_at_savepoint()
         finally:
             self._stop([*self.workers, *([self.sequencer] if self.sequencer else [])])
             self.group.stop()
         return 0
+
+    def _stop_at_savepoint(self) -> None:
+        """A clean stop: the sequencer logs a final epoch and exits; the workers run it, commit
+        its snapshot and egress, and exit, so a start after it (of any code) replays nothing.
+        Bounded by ``stop_timeout_ms``; what is left then is killed, and the stop says so."""
+        timeout_s = self.config.failure.stop_timeout_ms / 1000
+        deadline = time.monotonic() + timeout_s
+        sequencer = self.sequencer
+        if sequencer is None or not sequencer.is_alive():
+            self._not_a_savepoint("the sequencer was not running")
+            return
+        sequencer.terminate()  # it logs the final epoch, then exits
+        sequencer.join(timeout_s)
+        if sequencer.exitcode != 0:
+            self._not_a_savepoint(f"the sequencer did not log a final epoch within {timeout_s:g} s")
+            return
+        for worker in self.workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        late = [w for w, process in enumerate(self.workers) if process.exitcode != 0]
+        if late:
+            why = f"workers {late} did not end on the final epoch within {timeout_s:g} s"
+            self._not_a_savepoint(why)
+            return
+        if self.config.snapshots is None:
+            logger.warning("stopped cleanly; no snapshots: a start replays the command log")
+            return
+        latest = _snapshots(self.config, load_app(self.config.app_spec, self.app_name))
+        manifest = latest.latest() if latest is not None else None
+        if manifest is not None:
+            logger.warning(
+                "stopped at a savepoint ssid=%d: a start after it replays nothing", manifest.ssid
+            )
+
+    def _not_a_savepoint(self, why: str) -> None:
+        snapshots = _snapshots(self.config, load_app(self.config.app_spec, self.app_name))
+        manifest = snapshots.latest() if snapshots is not None else None
+        resumes = f"ssid={manifest.ssid}" if manifest else "the command log's start"
+        logger.warning(
+            "the stop is not a savepoint: %s; the next start resumes from %s and replays the "
+            "epochs after it", why, resumes,
+        )  # fmt: skip
 
     def _lost(self) -> list[Lost]:
         """Members that failed: exited processes, then what the group says, and every member

@@ -38,6 +38,7 @@ raises our error and ends the process; recovery takes over.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -45,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
 from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_NOT_AVAILABLE,
@@ -219,11 +221,32 @@ class Sequencer:
                 state.advance(sequenced)
                 self.schedule.logged(now_ms, sequenced.record.snapshot)
                 self.metrics.set("epochal_request_ids", len(state.window))
+            self._log_final(state, feed, producer, consumer)
         finally:
             consumer.close()
             _flush(producer)
             if feed is not None:
                 feed.close()
+
+    def _log_final(
+        self,
+        state: _State,
+        feed: EpochFeedServer | None,
+        producer: Producer | None,
+        consumer: Consumer,
+    ) -> None:
+        """A clean stop: one last epoch, marked final and snapshot, with whatever was read
+        already, so that the workers end on a snapshot and a start after it replays nothing."""
+        now_ms = max(state.now_ms, int(time.time() * 1000))
+        sequenced = self._order(state, self._collect(consumer), now_ms)
+        record = msgspec.structs.replace(sequenced.record, snapshot=True, final=True)
+        sequenced = dataclasses.replace(sequenced, record=record)
+        if feed is None:
+            assert producer is not None, "strong mode logs through its producer"
+            self._log(producer, consumer, sequenced)
+        elif not self._send(feed, consumer, sequenced, lambda: False):
+            return
+        logger.info("sequencer logged its final epoch epoch=%d", record.epoch)
 
     def _producer(self) -> Producer:
         producer = self.clients.producer(**{

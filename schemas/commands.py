@@ -89,6 +89,8 @@ class EpochRecord(msgspec.Struct, frozen=True):
     ``skipped``: the seqs an operator sent to the dead-letter topic, each with its reason; the
     sequencer logs none: they are filled in from the log's :class:`Amendment` records when the
     epoch is read back (``log/amendments.py``), as ``code_hash`` is after a deploy.
+    ``final``: the last epoch before a clean stop (a snapshot epoch too): the workers run it,
+    commit its snapshot and egress, and exit: the stop is a savepoint (docs/operations.md).
     """
 
     epoch: int
@@ -99,6 +101,7 @@ class EpochRecord(msgspec.Struct, frozen=True):
     next_offsets: dict[str, int] = {}
     snapshot: bool = False
     skipped: dict[int, str] = {}
+    final: bool = False
 
 
 SKIPPED_REASON = "skipped by an operator (epochal skip)"

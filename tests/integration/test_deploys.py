@@ -9,6 +9,8 @@ import os
 import re
 import signal
 import subprocess
+import threading
+import time
 
 import msgspec
 import pytest
@@ -20,7 +22,7 @@ from epochal.schemas.codec import decode
 from epochal.schemas.commands import SKIPPED_REASON
 from epochal.schemas.egress import EgressRecord
 from tests.integration.cluster import EPOCHAL, ROOT, Cluster, gone, wait_until
-from tests.integration.deploys import v1
+from tests.integration.deploys import v1, v2
 
 pytestmark = pytest.mark.integration
 
@@ -158,4 +160,39 @@ def test_new_code_never_silently_reruns_released_epochs_or_a_removed_handler_and
     assert "--allow-code-change" not in cluster.log()[before:]
     last = _receipts(cluster)[-1]
     assert last.wallet == 0 and last.balance == 1 + 7 + 26 + 26  # both 13s doubled: v2 ran them
+    cluster.stop()
+
+
+def test_a_stop_under_traffic_is_a_savepoint_and_new_code_starts_from_it(cluster: Cluster) -> None:
+    cluster.app_spec = V1
+    cluster.start(workers=2, partitions=4, snapshot_ms=60_000)  # only the stop snapshots
+    ups = _top_ups(cluster, [a for a in range(1, 30) if a != 13])  # no poison here
+    wait_until(lambda: len(_receipts(cluster)) == len(ups), 60, "no receipts", log=cluster.log)
+    producing = threading.Thread(target=lambda: [_top_ups(cluster, [100]) for _ in range(40)])
+    producing.start()  # input still arriving while the cluster stops
+    time.sleep(0.2)
+    cluster.stop()
+    producing.join()
+    ups += [(0, 100)] * 40
+    log = cluster.log()
+    (ssid,) = {int(m) for m in re.findall(r"stopped at a savepoint ssid=(\d+)", log)}
+    last = KafkaCommandLog(cluster.kafka, f"{cluster.name}.cmd").last_epoch()
+    assert last is not None and last.record.final and last.record.epoch == ssid
+    assert cluster.snapshots().latest().epoch == ssid  # type: ignore[union-attr]
+    released = len(_receipts(cluster))
+
+    cluster.app_spec = V2  # another version: nothing to replay, nothing to check
+    before = len(cluster.log())
+    cluster.start(workers=2, partitions=4, snapshot_ms=60_000)
+    wait_until(lambda: len(_receipts(cluster)) == len(ups), 60, "inputs lost", log=cluster.log)
+    started = cluster.log()[before:]
+    assert "other code" not in started
+    assert started.count(f"resumed from snapshot ssid={ssid} ") == 2, started
+    assert len(re.findall(f"worker started worker=\\d .* from_epoch={ssid + 1} ", started)) == 2
+    after = KafkaCommandLog(cluster.kafka, f"{cluster.name}.cmd").epochs(to_end=True)
+    codes = {e.record.code_hash for e in after if e.record.epoch > ssid}
+    assert codes == {v2.app.code_hash()}  # nothing of v1 was left to run after the savepoint
+    records = [decode(v, EgressRecord) for v in cluster.read("out.receipts")]
+    assert len({(r.epoch, r.seq) for r in records}) == len(records) == len(ups)
+    assert len(records) > released  # some inputs came after the savepoint, run by v2
     cluster.stop()
