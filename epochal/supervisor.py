@@ -325,9 +325,12 @@ class Supervisor:
             return
         for worker in self.workers:
             worker.join(max(0.0, deadline - time.monotonic()))
-        late = [w for w, process in enumerate(self.workers) if process.exitcode != 0]
-        if late:
-            why = f"workers {late} did not end on the final epoch within {timeout_s:g} s"
+        late = [w for w, process in enumerate(self.workers) if process.exitcode is None]
+        failed = [w for w, process in enumerate(self.workers) if process.exitcode not in (0, None)]
+        if late or failed:
+            why = f"workers {failed} failed before the final epoch's snapshot" if failed else ""
+            if late:
+                why = f"workers {late} did not end on the final epoch within {timeout_s:g} s"
             self._not_a_savepoint(why)
             return
         if self.config.snapshots is None:

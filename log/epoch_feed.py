@@ -198,6 +198,8 @@ class EpochFeed:
                 except OSError as exc:
                     raise LogError("the epoch feed failed") from exc
                 if not chunk:
+                    if out:  # the epochs before the close (a stop's final one) still count
+                        break
                     raise FeedClosed("the sequencer closed the epoch feed")
                 self._buffer += chunk
                 self._sock.settimeout(0.0 if out else timeout_s)
