@@ -739,7 +739,7 @@ def entry() -> None:
 
 
 # Commands that read Delta tables through pyarrow and delta-rs in this process.
-_ARROW_COMMANDS = frozenset({"snapshots", "replay", "recover", "sql", "skip"})
+_ARROW_COMMANDS = frozenset({"run", "snapshots", "replay", "recover", "sql", "skip"})
 
 
 def _exit_now(code: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 import signal
 import threading
 import time
@@ -188,7 +189,9 @@ def test_restarts_after_idle_and_busy_stops_go_on_whatever_retention_trimmed(
     logged = lambda: cluster.kafka.end_offset(command_log) > end  # noqa: E731
     wait_until(logged, 60, "no epoch logged", lambda: running.poll() is None, cluster.log)
     cluster.stop()
-    assert f"going on from it topic={command_log} ssid=0" in cluster.log()
+    saved = re.findall(r"stopped at a savepoint ssid=(\d+)", cluster.log())
+    assert len(saved) == 2, cluster.log()  # the idle stop and the busy one
+    assert f"from_epoch={int(saved[0]) + 1} " in cluster.log()  # the restart went on from it
     assert len(cluster.egress()) < cluster.transfers, "stopped busy"
 
     start()
