@@ -26,7 +26,14 @@ from pathlib import Path
 
 import setproctitle
 
-__all__ = ["child_logging", "die_with_parent", "is_title_of", "kill_earlier", "set_title"]
+__all__ = [
+    "child_logging",
+    "die_with_parent",
+    "is_title_of",
+    "kill_earlier",
+    "process_title",
+    "set_title",
+]
 
 logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
@@ -71,7 +78,7 @@ def kill_earlier(pids: Iterable[int], app: str, timeout_s: float = 10.0) -> list
     ours = {os.getpid(), os.getppid()}
     killed = []
     for pid in pids:
-        title = _title(pid)
+        title = process_title(pid)
         if pid not in ours and title is not None and is_title_of(title, app):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -79,12 +86,12 @@ def kill_earlier(pids: Iterable[int], app: str, timeout_s: float = 10.0) -> list
                 continue
             killed.append(pid)
     deadline = time.monotonic() + timeout_s
-    while any(_title(pid) is not None for pid in killed) and time.monotonic() < deadline:
+    while any(process_title(pid) is not None for pid in killed) and time.monotonic() < deadline:
         time.sleep(0.05)
     return killed
 
 
-def _title(pid: int) -> str | None:
+def process_title(pid: int) -> str | None:
     """What ``ps`` shows for ``pid``, or None once it is gone (a zombie shows nothing)."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()

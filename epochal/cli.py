@@ -347,6 +347,28 @@ def _recover_weak(args: argparse.Namespace, config: SnapshotConfig, spark: Any) 
     return 0
 
 
+def _stop(args: argparse.Namespace) -> int:
+    """SIGTERM an app's supervisor and wait: the run ends on a savepoint (``epochal/stop.py``)."""
+    from epochal.recovery.snapshots import DeltaSnapshots
+    from epochal.stop import stop_app
+
+    app = None
+    if ":" in args.app:
+        _apps_from_working_directory()
+        app = load_app(args.app, args.name)
+    name = app.name if app is not None else (args.name or args.app)
+    with console.status(f"stopping {name}: a final epoch, its snapshot and egress"):
+        pid = stop_app(name, Path(args.run_dir), args.timeout)
+    said = f"stopped {name} (supervisor pid {pid})"
+    if app is not None:
+        config = SnapshotConfig(args.warehouse, _settings(args.storage_option))
+        latest = DeltaSnapshots(app, config, partitions=1).latest()
+        if latest is not None:
+            said += f"; its latest snapshot: ssid={latest.ssid}"
+    Console().print(said, highlight=False)
+    return 0
+
+
 def _skip(args: argparse.Namespace) -> int:
     """Record that one logged transaction goes to the dead letters (``epochal/skip.py``)."""
     from epochal.log.client import KafkaClients
@@ -604,6 +626,16 @@ def _recovery_commands(commands: Any, app_flags: Callable[[argparse.ArgumentPars
                          help="delta-rs storage option")  # fmt: skip
     listing.set_defaults(handler=_snapshots)
 
+    stop = commands.add_parser("stop", help="stop a running app at a savepoint (a final snapshot)")
+    stop.add_argument("app", help="module:attribute of the App, or the app's name")
+    stop.add_argument("--name", help="app name (default: the App's)")
+    stop.add_argument("--run-dir", default=".epochal/run", help="the --run-dir of its run")
+    stop.add_argument("--warehouse", default="warehouse", help="where the snapshots are")
+    stop.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                      help="delta-rs storage option")  # fmt: skip
+    stop.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for it")
+    stop.set_defaults(handler=_stop)
+
     skip = commands.add_parser(
         "skip", help="send one poison transaction to the dead-letter topic instead of running it"
     )
@@ -739,7 +771,7 @@ def entry() -> None:
 
 
 # Commands that read Delta tables through pyarrow and delta-rs in this process.
-_ARROW_COMMANDS = frozenset({"run", "snapshots", "replay", "recover", "sql", "skip"})
+_ARROW_COMMANDS = frozenset({"run", "snapshots", "replay", "recover", "sql", "skip", "stop"})
 
 
 def _exit_now(code: int) -> None:
