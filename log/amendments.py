@@ -26,6 +26,7 @@ import msgspec
 from epochal.errors import LogError
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import LoggedEpoch
+from epochal.log.egress import POSITIONS_TOPIC_CONFIG
 from epochal.log.topics import TopicNames
 from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import (
@@ -47,11 +48,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-AMENDMENTS_TOPIC_CONFIG = {
-    "cleanup.policy": "compact",  # the latest record per key, forever
-    "min.cleanable.dirty.ratio": "0.1",
-    "segment.ms": str(10 * 60 * 1000),
-}
+AMENDMENTS_TOPIC_CONFIG = POSITIONS_TOPIC_CONFIG  # compacted like it: the latest per key, forever
 
 
 @dataclass(frozen=True)
