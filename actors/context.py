@@ -37,6 +37,10 @@ from epochal.schemas.commands import ActorKey, KeyRef, Origin
 
 logger = logging.getLogger(__name__)
 
+CRASHED_AT: list[int] = []
+"""The epochs of transactions whose handlers stopped this process (a worker reports the first
+to its supervisor, which has the next generation keep the state before it)."""
+
 __all__ = [
     "MAX_EGRESS_BYTES",
     "MAX_REASON_CHARS",
@@ -261,6 +265,7 @@ def run_transaction(
             result, reason = _result_of(returned)
     except FATAL as exc:
         logger.error("%s", poison_line(inv, exc))
+        CRASHED_AT.append(inv.epoch)  # the worker process reports it as it dies
         raise
     except BaseException as exc:  # handler code's exception, however odd: an abort
         reason = ctx.violation or describe_exception(exc)

@@ -191,6 +191,8 @@ class Worker:
         if peers is not None:
             peers.resumed = resumed.ssid if resumed else -1
         taking = _Snapshotting(self, engine, peers, writers) if self.snapshots is not None else None
+        if taking is not None and resumed is not None:
+            taking.committed_ssid = resumed.ssid
         queries = await self._serve_queries(engine)  # before peers connect: a taken port
         if peers is not None:  # ends the start with nothing to cancel
             await peers.start()
@@ -262,6 +264,8 @@ class Worker:
         """One epoch: check it follows → execute → stage egress → maybe snapshot."""
         progress.epoch = _follows(logged, progress.epoch)
         logged = self.amendments.amend(logged)
+        if not self.weak and taking is not None:
+            logged = await self._before_failed_epoch(logged, taking)
         if logged.record.final:
             progress.final = logged.record.epoch
         result = await self._execute(engine, logged)
@@ -279,6 +283,21 @@ class Worker:
             await progress.commit(writers)  # a snapshot's egress is out before it exists
         if snapshot is not None and taking is not None:
             taking.take(logged, snapshot, engine.carried)
+
+    async def _before_failed_epoch(self, logged: LoggedEpoch, taking: _Snapshotting) -> LoggedEpoch:
+        """The last generation failed at epoch E (``snapshot_before``): snapshot the epoch
+        before it, and run E only once that snapshot is committed, so that the last good state
+        survives a crash loop and a fixed version resumes from it (docs/operations.md)."""
+        failed, epoch = self.config.snapshot_before, logged.record.epoch
+        if failed < 0 or taking.committed_ssid >= failed - 1 or epoch < failed - 1:
+            return logged
+        if epoch == failed - 1:
+            record = msgspec.structs.replace(logged.record, snapshot=True)
+            return LoggedEpoch(logged.position, record, logged.dead)
+        while taking.committed_ssid < failed - 1:  # epoch E: wait for the snapshot before it
+            taking.check()
+            await asyncio.sleep(0.01)
+        return logged
 
     async def _resume(self, engine: Engine) -> Manifest | None:
         """Load the latest complete snapshot into ``engine`` (worker 0 makes sure the tables

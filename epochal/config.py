@@ -320,6 +320,7 @@ class WorkerConfig:
     allow_code_change: bool = False
     run_id: str = ""
     failure_timeout_ms: int = 6000
+    snapshot_before: int = -1  # an epoch the last generation failed at: snapshot the one before
     feed: str = ""
     query: tuple[str, ...] = ()
     query_token: str = field(default="", repr=False)

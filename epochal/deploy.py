@@ -154,7 +154,7 @@ def check_deploy(
         note="released, forced" if released else "never released",
     )  # fmt: skip
     append_amendment(clients, app.name, amendment)
-    logger.info(
+    logger.warning(
         "epochs %d..%d were logged by other code (%s)%s: they run under this code (%s), "
         "recorded in %s", first, last, _codes(plan.other_code),
         "" if released else " and never released", plan.running[:12], app.topics.amendments,

@@ -196,6 +196,11 @@ def _child_failures(role: str, record: Path, stop: _Stop) -> Iterator[None]:
         sys.exit(1)
 
 
+def _failed_epoch_file(config: ClusterConfig, app: str, worker: int) -> Path:
+    """Where worker ``worker`` says at which epoch a handler stopped it."""
+    return config.run_dir / app / f"failed-worker-{worker}.json"
+
+
 def _snapshots(config: ClusterConfig, app: App) -> DeltaSnapshots | None:
     """Snapshots in Delta Lake under the configured warehouse, or none."""
     if config.snapshots is None:
@@ -245,8 +250,17 @@ def _worker_main(config: ClusterConfig, worker: WorkerConfig, parent: int) -> No
     stop = _Stop(handle_sigint=False)
     child_logging()
     app = load_app(config.app_spec, config.app_name)
-    with _child_failures(f"worker {worker.worker}", _unrecoverable_file(config, app.name), stop):
-        Worker(app, worker, config.kafka, _snapshots(config, app)).run(stop)
+    from epochal.actors.context import CRASHED_AT
+
+    try:
+        with _child_failures(
+            f"worker {worker.worker}", _unrecoverable_file(config, app.name), stop
+        ):
+            Worker(app, worker, config.kafka, _snapshots(config, app)).run(stop)
+    finally:
+        if CRASHED_AT:  # a handler stopped this worker: where, for the next generation
+            record = _failed_epoch_file(config, app.name, worker.worker)
+            record.write_text(json.dumps({"generation": worker.generation, "epoch": CRASHED_AT[0]}))
 
 
 class Supervisor:
@@ -269,6 +283,7 @@ class Supervisor:
         self.status_file = config.run_dir / self.app_name / "processes.json"
         self.rebalancer = RebalanceSchedule(config.rebalance, time.monotonic())
         self.layout: KeyRanges | None = None  # set before the first generation starts
+        self.snapshot_before = -1  # the epoch a handler stopped the last generation at
         interval_s = failure.watch_interval_ms / 1000
         self.group = GroupWatch(self.context, config.kafka, self.app_name, interval_s)
         self.outage = BrokerOutage()
@@ -467,6 +482,7 @@ class Supervisor:
                 time.sleep(_TICK_S)
         if stop():
             return
+        self._note_failed_epoch()
         self.generation += 1
         logger.warning(
             "rolling back generation=%d restart_sequencer=%s", self.generation, restart_sequencer
@@ -474,6 +490,30 @@ class Supervisor:
         if restart_sequencer:
             self._start_sequencer()
         self._start_workers()
+
+    def _note_failed_epoch(self) -> None:
+        """If a handler stopped a worker of the generation rolled back, the next one snapshots
+        the epoch before the failed one while replaying, and runs the failed one only after
+        that snapshot committed: the last good state survives a crash loop, and a fixed version
+        deployed later re-runs only what never released egress."""
+        failed = []
+        for worker in range(self.config.worker.workers):
+            record = _failed_epoch_file(self.config, self.app_name, worker)
+            try:
+                said = json.loads(record.read_text())
+                record.unlink()
+            except (OSError, ValueError):
+                continue
+            if said.get("generation") == self.generation:
+                failed.append(int(said["epoch"]))
+        if failed:
+            self.snapshot_before = min(failed)
+            logger.warning(
+                "a handler stopped a worker at epoch=%d: the next generation keeps the state "
+                "before it (a snapshot at epoch %d)",
+                self.snapshot_before,
+                self.snapshot_before - 1,
+            )
 
     def _ensure_topics(self) -> None:
         from epochal.log.sequencer import Sequencer
@@ -608,6 +648,7 @@ class Supervisor:
             run_id=self.run_id,
             failure_timeout_ms=self.config.failure.failure_timeout_ms,
             allow_code_change=False,  # the start's check recorded what runs under this code
+            snapshot_before=self.snapshot_before,
         )
         cpus = worker_cpus(template.workers) if self.config.pin_cpus else [None] * template.workers
         self.workers = []
