@@ -223,8 +223,9 @@ def _sequencer_main(config: ClusterConfig, name: MemberName, parent: int) -> Non
     snapshots = _snapshots(config, app)
     latest = snapshots.latest if snapshots else lambda: None
     sequencer = Sequencer(
-        config.sequencer, clients, app, inputs, app.code_hash(), latest_snapshot=latest
-    )
+        config.sequencer, clients, app, inputs, app.code_hash(), latest_snapshot=latest,
+        final_epoch=True,
+    )  # fmt: skip
     bound_ms = config.failure.failure_timeout_ms
     pulse = LoopPulse(bound_ms / 1000, config.failure.startup_timeout_ms / 1000, time.monotonic())
     member = GroupMember(clients, app.name, name, bound_ms, app.topics.command_log)

@@ -126,6 +126,7 @@ class Sequencer:
         code_hash: str,
         *,
         latest_snapshot: Callable[[], Manifest | None] = lambda: None,
+        final_epoch: bool = False,
     ) -> None:
         self.config = config
         self.latest_snapshot = latest_snapshot
@@ -134,6 +135,7 @@ class Sequencer:
         self.names = TopicNames(config.app)
         self.inputs = [self.names.input(name) for name in inputs]
         self.code_hash = code_hash
+        self.final_epoch = final_epoch  # a stop logs a final epoch (a savepoint): epochal run's
         self.schedule = SnapshotSchedule(config.snapshot_interval_ms, config.snapshot_every_epochs)
         self._assigned: set[tuple[str, int]] = set()  # the input partitions being read
         self.metrics = Metrics(app=config.app, role="sequencer")
@@ -236,7 +238,10 @@ class Sequencer:
         consumer: Consumer,
     ) -> None:
         """A clean stop: one last epoch, marked final and snapshot, with whatever was read
-        already, so that the workers end on a snapshot and a start after it replays nothing."""
+        already, so that the workers end on a snapshot and a start after it replays nothing.
+        Only when asked (``final_epoch``: ``epochal run`` does)."""
+        if not self.final_epoch:
+            return
         now_ms = max(state.now_ms, int(time.time() * 1000))
         sequenced = self._order(state, self._collect(consumer), now_ms)
         record = msgspec.structs.replace(sequenced.record, snapshot=True, final=True)

@@ -185,9 +185,12 @@ def test_a_stop_under_traffic_is_a_savepoint_and_new_code_starts_from_it(cluster
     before = len(cluster.log())
     cluster.start(workers=2, partitions=4, snapshot_ms=60_000)
     wait_until(lambda: len(_receipts(cluster)) == len(ups), 60, "inputs lost", log=cluster.log)
+    resumed = f"resumed from snapshot ssid={ssid} "
+    wait_until(
+        lambda: cluster.log()[before:].count(resumed) == 2, 10, "not resumed", log=cluster.log
+    )
     started = cluster.log()[before:]
     assert "other code" not in started
-    assert started.count(f"resumed from snapshot ssid={ssid} ") == 2, started
     assert len(re.findall(f"worker started worker=\\d .* from_epoch={ssid + 1} ", started)) == 2
     after = KafkaCommandLog(cluster.kafka, f"{cluster.name}.cmd").epochs(to_end=True)
     codes = {e.record.code_hash for e in after if e.record.epoch > ssid}
