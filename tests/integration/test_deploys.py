@@ -184,14 +184,17 @@ def test_a_stop_under_traffic_is_a_savepoint_and_new_code_starts_from_it(cluster
     cluster.app_spec = V2  # another version: nothing to replay, nothing to check
     before = len(cluster.log())
     cluster.start(workers=2, partitions=4, snapshot_ms=60_000)
+    ups += _top_ups(cluster, [100])  # at least one input v2 sequences itself
     wait_until(lambda: len(_receipts(cluster)) == len(ups), 60, "inputs lost", log=cluster.log)
     resumed = f"resumed from snapshot ssid={ssid} "
-    wait_until(
-        lambda: cluster.log()[before:].count(resumed) == 2, 10, "not resumed", log=cluster.log
-    )
-    started = cluster.log()[before:]
-    assert "other code" not in started
-    assert len(re.findall(f"worker started worker=\\d .* from_epoch={ssid + 1} ", started)) == 2
+    went_on = f"worker started worker=\\d .* from_epoch={ssid + 1} "
+
+    def both_said() -> bool:  # the children's lines reach the log file when they flush
+        said = cluster.log()[before:]
+        return said.count(resumed) == 2 and len(re.findall(went_on, said)) == 2
+
+    wait_until(both_said, 20, "the workers did not resume from the savepoint", log=cluster.log)
+    assert "other code" not in cluster.log()[before:]
     after = KafkaCommandLog(cluster.kafka, f"{cluster.name}.cmd").epochs(to_end=True)
     codes = {e.record.code_hash for e in after if e.record.epoch > ssid}
     assert codes == {v2.app.code_hash()}  # nothing of v1 was left to run after the savepoint
