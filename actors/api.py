@@ -101,6 +101,9 @@ class App:
     handlers: dict[str, Handler] = field(default_factory=dict)
     _by_class: dict[type, ActorType] = field(default_factory=dict, repr=False)
     _by_fn: dict[Callable[..., Any], Handler] = field(default_factory=dict, repr=False)
+    migrations: dict[str, Callable[[dict[str, Any]], Any]] = field(default_factory=dict)
+    """Per actor type, the function that turns a value of an older schema into the state
+    (see :meth:`migration`)."""
     _code_hash: tuple[tuple[object, ...], str] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -195,6 +198,63 @@ class App:
             return fn
 
         return register
+
+    def migration(
+        self, state: type[S]
+    ) -> Callable[[Callable[[dict[str, Any]], S | None]], Callable[[dict[str, Any]], S | None]]:
+        """Register ``fn(old) -> new state`` for the actor type ``state``: ``old`` is a value
+        of the schema the latest snapshot recorded, as a dict by field name (msgpack's plain
+        types), and ``fn`` returns the new state, or None to drop the actor.
+
+        It runs when a start restores a snapshot whose schema of this type differs from the
+        app's, once over each of its actors, and the first snapshot after holds the results: a
+        rename, a removed field that holds data and a changed type are refused at start
+        without one.
+
+            @app.migration(Account)
+            def account_v2(old: dict[str, Any]) -> Account:
+                return Account(amount=old["balance"])
+        """
+
+        def register(
+            fn: Callable[[dict[str, Any]], S | None],
+        ) -> Callable[[dict[str, Any]], S | None]:
+            actor_type = self.actor_type(state)
+            if actor_type.name in self.migrations:
+                raise ConfigError("one migration per actor type", actor_type=actor_type.name)
+            self.migrations[actor_type.name] = fn
+            return fn
+
+        return register
+
+    def migrated(self, actor_type: str, old: bytes) -> bytes | None:
+        """The canonical bytes the migration of ``actor_type`` makes of ``old`` (None: the
+        actor is dropped). A migration that fails, or returns something else than the state,
+        is a :class:`SchemaError` naming it."""
+        registered = self.actor_types[actor_type]
+        fn = self.migrations[actor_type]
+        try:
+            new = fn(msgspec.msgpack.decode(old))
+        except Exception as exc:
+            raise SchemaError(
+                f"the migration {fn.__name__} of {actor_type} failed: {describe_exception(exc)}",
+                actor_type=actor_type,
+            ) from exc
+        if new is None:
+            return None
+        if not isinstance(new, registered.state):
+            raise SchemaError(
+                f"the migration {fn.__name__} of {actor_type} returned a "
+                f"{type(new).__name__}, not a {registered.state.__name__} (or None)",
+                actor_type=actor_type,
+            )
+        try:
+            return registered.codec.canonical(new)[0]
+        except SchemaError as exc:
+            raise SchemaError(
+                f"the migration {fn.__name__} of {actor_type} made an invalid state: "
+                f"{exc.message}", actor_type=actor_type,
+            ) from exc  # fmt: skip
 
     # --- lookups used by the engine -------------------------------------------------------
 
@@ -295,6 +355,7 @@ class App:
         objects: list[Any] = [a.state for a in self.actor_types.values()]
         objects += [h.fn for h in self.handlers.values()]
         objects += [h.event for h in self.handlers.values()]
+        objects += list(self.migrations.values())
         registered = tuple(objects)
         if self._code_hash is None or self._code_hash[0] != registered:
             self._code_hash = (registered, code_hash(objects))

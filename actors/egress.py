@@ -218,7 +218,7 @@ class _OldLayout:
         start = 0
         if restored is not None:
             manifest = restored.manifest
-            engine.load(restored.actors, manifest.epoch, carried_of(manifest))
+            engine.load(restored.actors, manifest.epoch, carried_of(manifest), restored.migrations)
             start = manifest.command_log_position
         code_hash = app.code_hash()
         log = KafkaCommandLog(self.clients, app.topics.command_log)

@@ -35,6 +35,7 @@ from epochal.actors.transport import (
     ReadItem,
     ReadsFrame,
 )
+from epochal.errors import RecoveryError, SchemaError
 from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.commands import ActorKey, EpochRecord, KeyRef, PartitionId
 from epochal.schemas.snapshots import SnapshotPart
@@ -59,6 +60,18 @@ def partitions_of(worker: int, partitions: int, workers: int) -> tuple[Partition
     return tuple(
         PartitionId(p) for p in range(partitions) if owner_of(p, partitions, workers) == worker
     )
+
+
+def _migrated(migrate: Callable[[bytes], bytes | None], ref: KeyRef, value: bytes) -> bytes | None:
+    """A restored value through its type's migration; one that fails stops the start (no
+    restart can help), naming the actor."""
+    try:
+        return migrate(value)
+    except SchemaError as exc:
+        raise RecoveryError(
+            f"{exc.message}; fix the migration and start again",
+            actor_type=ref.actor_type, key=ref.key,
+        ) from exc  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -198,17 +211,26 @@ class Engine:
     def load(
         self, actors: Mapping[str, Iterable[tuple[ActorKey, bytes]]], epoch: int,
         carried: list[Emitted],
+        migrations: Mapping[str, Callable[[bytes], bytes | None]] | None = None,
     ) -> None:  # fmt: skip
         """Start from a snapshot taken at the end of ``epoch``: keep the actors of this worker's
-        partitions, and the interior transactions that were to run next."""
+        partitions, and the interior transactions that were to run next. ``migrations`` turn
+        the values of their actor types into the new schema's: changes since the snapshot, so
+        the next one holds them."""
         mine = set(self.partitions)
+        migrated: list[tuple[KeyRef, PartitionId, bytes | None]] = []
         for actor_type, rows in actors.items():
+            migrate = (migrations or {}).get(actor_type)
             for key, value in rows:
                 ref = KeyRef(actor_type, key)
                 partition = self.ranges.partition_of(ref)
                 if partition in mine:
                     self.store.load(ref, partition, value)
+                    if migrate is not None:
+                        migrated.append((ref, partition, _migrated(migrate, ref, value)))
         self.store.floor = epoch
+        for ref, partition, new in migrated:
+            self.store.apply(ref, partition, new, epoch)
         self.executed = self.completed = epoch
         self.carried = list(carried)
         self._reported = []

@@ -18,9 +18,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 import msgspec
@@ -48,10 +48,13 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Restored:
-    """A complete snapshot to resume from: its manifest row and every actor, as canonical bytes."""
+    """A complete snapshot to resume from: its manifest row and every actor, as canonical bytes,
+    and per actor type whose schema changed since, the migration to run over each value (the
+    new bytes, or None to drop the actor)."""
 
     manifest: Manifest
     actors: dict[str, list[tuple[ActorKey, bytes]]]
+    migrations: Mapping[str, Callable[[bytes], bytes | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

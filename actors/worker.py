@@ -319,7 +319,7 @@ class Worker:
                 f"running it in {mode} mode would misread its positions (start a new app, or "
                 "keep the mode)", ssid=manifest.ssid,
             )  # fmt: skip
-        engine.load(restored.actors, manifest.epoch, carried_of(manifest))
+        engine.load(restored.actors, manifest.epoch, carried_of(manifest), restored.migrations)
         self.metrics.set("epochal_resume_seconds", time.perf_counter() - started)
         logger.info("resumed from snapshot ssid=%d actors=%s seconds=%.2f", manifest.ssid,
                     manifest.actors, time.perf_counter() - started)  # fmt: skip

@@ -93,6 +93,7 @@ from epochal.recovery.layouts import (
     log_layout,
     skew_of,
 )
+from epochal.recovery.schema_evolution import check_schemas
 from epochal.recovery.snapshots import DeltaSnapshots
 from epochal.watch import BrokerOutage, GroupWatch, OutageChange
 
@@ -531,6 +532,8 @@ class Supervisor:
         ensure_positions_topic(clients, app.name)
         ensure_amendments_topic(clients, app.name)
         snapshots = _snapshots(self.config, app)
+        if snapshots is not None:
+            check_schemas(app, snapshots.latest(), snapshots.states)
         if self.config.sequencer.recovery == "strong":  # weak mode logs no epochs to re-run
             check_deploy(app, clients, snapshots, self.config.worker.allow_code_change)
         current = layout_in_force(app, read_egress_state(clients, app.name, committed=False))

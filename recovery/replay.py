@@ -40,7 +40,7 @@ def replay_command_log(
     engine = LocalEngine(app, partitions)
     if restored is not None:
         manifest = restored.manifest
-        engine.load(restored.actors, manifest.epoch, carried_of(manifest))
+        engine.load(restored.actors, manifest.epoch, carried_of(manifest), restored.migrations)
     code_hash = app.code_hash()
     amended = amendments or Amendments()
     replayed = 0

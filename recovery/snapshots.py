@@ -57,6 +57,7 @@ from epochal.recovery.log_tables import (
     outcomes_table,
     with_outcomes,
 )
+from epochal.recovery.schema_evolution import app_schemas, evolve_table, migrations_for
 from epochal.schemas.arrow import RowLayout
 from epochal.schemas.commands import ActorKey, EpochRecord
 from epochal.schemas.snapshots import (
@@ -89,6 +90,7 @@ _MANIFEST_SCHEMA = pa.schema([
     pa.field("recovery", pa.string(), nullable=False),
     pa.field("points", pa.string()),  # JSON: {actor type: [split point, ...]}
     pa.field("partition_actors", pa.list_(pa.int64())),
+    pa.field("schemas", pa.string()),  # JSON: {actor type: {field: {type, default}}}
 ])  # fmt: skip
 _LOG_TABLES = {"commands": COMMANDS_SCHEMA, "outbox": OUTBOX_SCHEMA}
 _CHECKPOINT_EVERY = 20
@@ -141,6 +143,7 @@ def _manifest_row(manifest: Manifest) -> pa.Table:
     row["time"] = manifest.time_ms
     del row["time_ms"]
     row["points"] = msgspec.json.encode(manifest.points).decode() if manifest.points else None
+    row["schemas"] = msgspec.json.encode(manifest.schemas).decode() if manifest.schemas else None
     return pa.Table.from_pylist([row], schema=_MANIFEST_SCHEMA)
 
 
@@ -151,6 +154,8 @@ def _manifest_of(row: dict[str, object]) -> Manifest:
         row[name] = dict(row[name] or [])  # type: ignore[call-overload]
     points = row.get("points")
     row["points"] = msgspec.json.decode(points) if isinstance(points, str) else {}
+    schemas = row.get("schemas")
+    row["schemas"] = msgspec.json.decode(schemas) if isinstance(schemas, str) else {}
     row["partition_actors"] = row.get("partition_actors") or []
     return msgspec.convert(row, Manifest)
 
@@ -198,6 +203,8 @@ class DeltaSnapshots:
         self.layouts = {
             name: RowLayout.of(t.state, t.key_type) for name, t in app.actor_types.items()
         }
+        self.schemas = app_schemas(app)  # recorded with every snapshot, checked at each start
+        self._evolved = False  # the actor tables hold this code's columns (once per process)
         self._code_hash = ""
         self._unjoined: dict[str, pa.Table] = {}  # commands files written here, until committed
 
@@ -313,10 +320,10 @@ class DeltaSnapshots:
         state_versions = dict(previous.state_versions) if previous else {}
         change_versions = dict(previous.change_versions) if previous else {}
         actors = dict(previous.actors) if previous else {}
+        if not self._evolved:
+            self._evolve_actor_tables(state_versions, change_versions)
         for name, type_files in sorted(files.items()):
-            change_versions[name] = self._append(
-                self.warehouse.changes(name), type_files, self.layouts[name].change_schema()
-            )
+            change_versions[name] = self._append(self.warehouse.changes(name), type_files)
             state_versions[name], added = self._merge_state(name, type_files)
             actors[name] = actors.get(name, 0) + added
         log_versions = dict(previous.log_versions) if previous else {}
@@ -326,7 +333,7 @@ class DeltaSnapshots:
                          if f.table == table]  # fmt: skip
             if log_files:
                 self._evolve(self.warehouse.log(table), schema)
-                log_versions[table] = self._append(self.warehouse.log(table), log_files, schema)
+                log_versions[table] = self._append(self.warehouse.log(table), log_files)
         head = next(p for p in parts if p.worker == 0)
         digest = DigestSum(int(previous.digest, 16) if previous else 0)
         for part in parts:
@@ -335,10 +342,11 @@ class DeltaSnapshots:
             epoch, epoch, head.time_ms, head.command_log_position, dict(head.input_positions),
             state_versions, change_versions, actors, digest.hex(), head.carried, self.partitions,
             self._code_hash, log_versions, self.config.recovery,
-            head.points, self._shares(parts),
+            head.points, self._shares(parts), self.schemas,
         )  # fmt: skip
         write_deltalake(self.warehouse.manifest, _manifest_row(manifest), mode="append",
                         storage_options=self.warehouse.options)  # fmt: skip
+        self._evolved = True
         self._delete_replaced(joined)
         return manifest
 
@@ -426,13 +434,29 @@ class DeltaSnapshots:
                 )  # fmt: skip
                 table.restore(version)
 
-    def _append(self, uri: str, files: Sequence[ChangeFile | LogFile], schema: pa.Schema) -> int:
-        """Add written files to an append-only table in one Delta version; that version."""
+    def _evolve_actor_tables(
+        self, state_versions: dict[str, int], change_versions: dict[str, int]
+    ) -> None:
+        """Give the actor tables the columns of this code's schemas, the new versions in the
+        manifest's maps (at the first commit of a process: after :meth:`_put_back`, so that an
+        unfinished commit cannot take them back)."""
+        for name, layout in self.layouts.items():
+            for uri, schema, versions in (
+                (self.warehouse.state(name), layout.state_schema(), state_versions),
+                (self.warehouse.changes(name), layout.change_schema(), change_versions),
+            ):
+                if evolve_table(uri, schema, self.warehouse.options):
+                    versions[name] = int(self._table(uri).version())
+
+    def _append(self, uri: str, files: Sequence[ChangeFile | LogFile]) -> int:
+        """Add written files to an append-only table in one Delta version; that version. The
+        table's schema stays (columns of removed fields read null in the new files)."""
         now = int(time.time() * 1000)
         actions: list[AddAction | RemoveAction] = [
             AddAction(f.path, f.size, {}, now, True, f'{{"numRecords":{f.rows}}}') for f in files
         ]
-        self._table(uri).create_write_transaction(actions, "append", schema)
+        table = self._table(uri)
+        table.create_write_transaction(actions, "append", table.schema())
         return int(self._table(uri).version())
 
     def _merge_state(self, actor_type: str, files: list[ChangeFile]) -> tuple[int, int]:
@@ -587,8 +611,15 @@ class DeltaSnapshots:
             except (DeltaError, OSError, pa.ArrowException, RecoveryError) as exc:
                 logger.warning("snapshot skipped ssid=%d: %s", manifest.ssid, exc)
                 continue
-            return Restored(manifest, actors)
+            return Restored(manifest, actors, migrations_for(self.app, manifest))
         return None
+
+    def states(self, actor_type: str, manifest: Manifest) -> pa.Table:
+        """The ``_state`` column of ``actor_type``'s actors in snapshot ``manifest``."""
+        version = manifest.state_versions.get(actor_type, 0)
+        return self._table(self.warehouse.state(actor_type), version).to_pyarrow_table(
+            columns=["_state"]
+        )
 
     def _actors(self, actor_type: str, manifest: Manifest) -> list[tuple[ActorKey, bytes]]:
         version = manifest.state_versions.get(actor_type, 0)

@@ -75,6 +75,7 @@ from epochal.log.amendments import read_amendments
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import EpochAssembler
 from epochal.log.egress import ensure_positions_topic, read_egress_state
+from epochal.recovery.schema_evolution import migrations_for
 from epochal.recovery.snapshots import DeltaSnapshots
 from epochal.recovery.spark_tasks import (
     CHUNK,
@@ -279,6 +280,13 @@ class _Recovery:
         self.config = dataclasses.replace(config, recovery="strong")  # what it commits
         self.manifests = DeltaSnapshots(self.app, self.config, 1).manifests()
         self.base = self._base(from_ssid, into)
+        if self.base is not None and migrations_for(self.app, self.base):
+            raise RecoveryError(
+                f"snapshot ssid={self.base.ssid} was taken under other actor schemas of "
+                f"{sorted(migrations_for(self.app, self.base))}, which this version migrates: "
+                "start the app with `epochal run` once (its start runs the migrations and its "
+                "first snapshot holds their results), then recover from that snapshot"
+            )
         partitions = self.base.partitions if self.base else 1
         self.original = DeltaSnapshots(self.app, self.config, partitions)
         self.target, self.into = self.original, into

@@ -200,7 +200,7 @@ def recover_weak(
     points = manifest.points or None  # the snapshot's layout: its outbox rows are released
     ranges = KeyRanges.of(app, manifest.partitions, points)  # by that layout's writers
     engine = Engine(app, manifest.partitions, snapshots=True, ranges=ranges)
-    engine.load(restored.actors, manifest.epoch, carried_of(manifest))
+    engine.load(restored.actors, manifest.epoch, carried_of(manifest), restored.migrations)
     epochs: list[EpochRecord] = []
     outbox: list[OutboxRow] = []
     dead: list[OutboxRow] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
+from epochal.schemas.actor_schemas import ActorSchema
 from epochal.schemas.commands import ActorKey
 
 __all__ = ["ChangeFile", "LogFile", "Manifest", "OutboxRow", "Outcomes", "SnapshotPart"]
@@ -98,7 +99,9 @@ class Manifest(msgspec.Struct, frozen=True):
     ``command_log_position`` is the next epoch's number (there is no command log).
     ``points`` are each type's split points of the layout the snapshot was taken under (empty:
     a snapshot older than layouts that carry them) and ``partition_actors`` the actors each of
-    its partitions held (empty when not known): how even the layout was.
+    its partitions held (empty when not known): how even the layout was. ``schemas`` are the
+    actor schemas of the code that took it (:mod:`epochal.schemas.actor_schemas`; empty: a
+    snapshot of an older epochal), which the next start checks its own against.
     """
 
     ssid: int
@@ -117,3 +120,4 @@ class Manifest(msgspec.Struct, frozen=True):
     recovery: str = "strong"
     points: dict[str, list[ActorKey]] = {}
     partition_actors: list[int] = []
+    schemas: dict[str, ActorSchema] = {}

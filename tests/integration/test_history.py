@@ -73,7 +73,7 @@ def test_the_actor_view_is_the_latest_snapshot_even_past_an_unfinished_commit(
     # a committer killed after moving the changes and state tables on, before the manifest row
     for name in ("Account", "AuditLog"):
         files = [f for f in history.pending.files if f.actor_type == name]
-        copy._append(copy.warehouse.changes(name), files, copy.layouts[name].change_schema())
+        copy._append(copy.warehouse.changes(name), files)
         copy._merge_state(name, files)
         assert copy._table(copy.warehouse.state(name)).version() > latest.state_versions[name]
     register_views(spark, "testbank", copy.config.warehouse, prefix="unfinished_")

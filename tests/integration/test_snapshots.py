@@ -20,7 +20,7 @@ from epochal.actors.engine import Engine, EpochResult
 from epochal.actors.oracle import SerialOracle
 from epochal.actors.snapshots import carried_of, with_log_position
 from epochal.config import SnapshotConfig
-from epochal.recovery.log_tables import OUTBOX_SCHEMA, epochs_of
+from epochal.recovery.log_tables import epochs_of
 from epochal.recovery.snapshots import _CHECKPOINT_EVERY, DeltaSnapshots
 from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.commands import EpochRecord, KeyRef
@@ -104,9 +104,8 @@ def test_an_unfinished_commit_is_put_back_and_a_commit_is_idempotent(tmp_path: P
     ]  # fmt: skip
     snapshots.commit([parts[0]], first.epoch)
     # a committer killed mid-way through the second: its changes table moved on, no manifest
-    uri, schema = snapshots.warehouse.changes("Account"), snapshots.layouts["Account"]
-    snapshots._append(uri, [f for f in parts[1].files if f.actor_type == "Account"],
-                      schema.change_schema())  # fmt: skip
+    uri = snapshots.warehouse.changes("Account")
+    snapshots._append(uri, [f for f in parts[1].files if f.actor_type == "Account"])
     assert [m.ssid for m in snapshots.manifests()] == [first.epoch]
     assert snapshots.restore().manifest.ssid == first.epoch  # type: ignore[union-attr]
     # restarted, the cluster writes the second snapshot again, into new files
@@ -251,7 +250,7 @@ def test_snapshots_archive_their_epochs_and_hold_weak_egress_until_committed(
         start = result.epoch + 1
         part = with_log_position(part, records[result.epoch], result.epoch + 1, [])
         if result.epoch == cuts[-1]:  # killed after the log tables moved, before the manifest
-            snapshots._append(snapshots.warehouse.log("outbox"), part.logs, OUTBOX_SCHEMA)
+            snapshots._append(snapshots.warehouse.log("outbox"), part.logs)
             break
         manifest = snapshots.commit([part], result.epoch)
     commands = snapshots._table(snapshots.warehouse.log("commands"),

@@ -1,0 +1,27 @@
+"""Version 3: the balance renamed ``funds``, without a migration: every old balance would read
+as the default, so a start over version 2's snapshot is refused."""
+
+from __future__ import annotations
+
+import msgspec
+
+from epochal.actors.api import App
+from epochal.actors.context import Context
+from tests.integration.evolving.s1 import Deposit
+
+app = App("ledger")
+
+
+@app.actor(key=int)
+class Account(msgspec.Struct):
+    funds: float = 0.0
+    deposits: int = 0
+
+
+@app.transaction(topic="deposits", event=Deposit, keys=lambda e: {Account: [e.account]})
+def deposit(ctx: Context, e: Deposit) -> None:
+    account = ctx.get(Account, e.account)
+    account.funds += e.amount
+    account.deposits += 1
+    ctx.put(e.account, account)
+    ctx.egress("receipts", {"account": e.account, "balance": account.funds})
