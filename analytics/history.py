@@ -290,12 +290,13 @@ def _millis(time: datetime.datetime | int) -> int:
 def query_rows(spark: SparkSession, query: str) -> tuple[list[str], list[list[Any]]]:
     """Run a SQL query: its column names and its rows as plain Python values (structs as dicts);
     a bad query is a :class:`QueryError` that quotes Spark's reason."""
+    from py4j.protocol import Py4JError
     from pyspark.errors import PySparkException
 
     try:
         frame = spark.sql(query)
         rows = [[_python(value) for value in row] for row in frame.collect()]
-    except PySparkException as exc:
+    except (PySparkException, Py4JError) as exc:  # a failed read in the JVM is a Py4J error
         raise QueryError("the query failed", reason=_reason(exc)) from exc
     return frame.columns, rows
 
