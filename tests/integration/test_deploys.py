@@ -216,16 +216,17 @@ def test_a_stop_under_traffic_is_a_savepoint_and_new_code_starts_from_it(cluster
     assert again.returncode == 1 and f"app {cluster.name!r} is not running here" in again.stderr
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_a_fixed_version_deployed_over_a_crash_loop_resumes_from_the_state_before_it(
-    cluster: Cluster,
+    cluster: Cluster, workers: int
 ) -> None:
     cluster.app_spec = V1
-    cluster.start(workers=1, partitions=2, snapshot_ms=60_000)  # no snapshot of its own after
+    cluster.start(workers=workers, partitions=4, snapshot_ms=60_000)  # no snapshot after its own
     ups = _top_ups(cluster, [1, 2, 3])
     wait_until(lambda: len(_receipts(cluster)) == len(ups), 60, "no receipts", log=cluster.log)
     ups += _top_ups(cluster, [4, 5, 6])  # epochs after the first snapshot: released
     wait_until(lambda: len(_receipts(cluster)) == len(ups), 60, "no receipts", log=cluster.log)
-    ups += _top_ups(cluster, [13, 7])  # the poison, and one queued behind it
+    ups += _top_ups(cluster, [13, 7, *[1] * 28, 9])  # the poison, and others (of each worker)
     wait_until(lambda: cluster.generation() >= 2, 60, "no crash", log=cluster.log)
     epoch, _, _ = _poison(cluster)
     kept = lambda: any(m.epoch == epoch - 1 for m in cluster.snapshots().manifests())  # noqa: E731
@@ -233,11 +234,11 @@ def test_a_fixed_version_deployed_over_a_crash_loop_resumes_from_the_state_befor
     assert f"a handler stopped a worker at epoch={epoch}" in cluster.log()
     cluster.processes[-1].send_signal(signal.SIGKILL)  # the operator gives up on v1
     cluster.processes[-1].wait(10)
-    assert len(_receipts(cluster)) == 6  # nothing from the poison's epoch on was released
+    assert len(_receipts(cluster)) == 6  # nothing from the poison's epoch on, by either worker
 
     cluster.app_spec = V2
     before = len(cluster.log())
-    cluster.start(workers=1, partitions=2, snapshot_ms=60_000)  # no flag
+    cluster.start(workers=workers, partitions=4, snapshot_ms=60_000)  # no flag
     wait_until(lambda: len(_receipts(cluster)) == len(ups), 60, "v2 did not go on", log=cluster.log)
     assert "never released: they run under this code" in cluster.log()[before:]
     balances: dict[int, int] = {}
