@@ -286,11 +286,12 @@ def poison_line(inv: Invocation, exc: BaseException) -> str:
     if inv.source is not None:
         where = f"{inv.source.topic}/{inv.source.partition}@{inv.source.offset}"
     request = f" request_id={inv.request_id}" if inv.request_id else ""
+    weak = f" (in weak recovery mode: --input {where})" if inv.source is not None else ""
     return (
         f"transaction crashed its worker handler={inv.handler.name} epoch={inv.epoch} "
         f"seq={inv.seq} origin={Origin(inv.origin).name.lower()} input={where}{request} "
         f"error={describe_exception(exc)}: it will crash every replay; deploy a fixed version, "
-        f"or skip it: epochal skip APP --epoch {inv.epoch} --seq {inv.seq}"
+        f"or skip it: epochal skip APP --epoch {inv.epoch} --seq {inv.seq}{weak}"
     )
 
 

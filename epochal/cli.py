@@ -373,14 +373,21 @@ def _skip(args: argparse.Namespace) -> int:
     """Record that one logged transaction goes to the dead letters (``epochal/skip.py``)."""
     from epochal.log.client import KafkaClients
     from epochal.recovery.snapshots import DeltaSnapshots
-    from epochal.skip import skip_transaction
+    from epochal.skip import Skipped, SkippedInput, parse_input, skip_input, skip_transaction
 
+    if (args.input is None) == (args.epoch is None or args.seq is None):
+        raise ConfigError("name the transaction with --epoch and --seq, or the input (weak "
+                          "mode) with --input TOPIC/PARTITION@OFFSET")  # fmt: skip
     _apps_from_working_directory()
     app = load_app(args.app, args.name)
     clients = KafkaClients(KafkaConfig(args.bootstrap, _settings(args.kafka_setting)))
     config = SnapshotConfig(args.warehouse, _settings(args.storage_option))
     snapshots = DeltaSnapshots(app, config, partitions=1)
-    skipped = skip_transaction(app, clients, snapshots, args.epoch, args.seq)
+    skipped: Skipped | SkippedInput
+    if args.input is not None:
+        skipped = skip_input(app, clients, snapshots, parse_input(args.input))
+    else:
+        skipped = skip_transaction(app, clients, snapshots, args.epoch, args.seq)
     Console().print(skipped.describe(app), highlight=False, soft_wrap=True)  # the answer: stdout
     return 0
 
@@ -640,8 +647,10 @@ def _recovery_commands(commands: Any, app_flags: Callable[[argparse.ArgumentPars
         "skip", help="send one poison transaction to the dead-letter topic instead of running it"
     )
     skip.add_argument("app", help="module:attribute of the App, e.g. examples.bank.app:app")
-    skip.add_argument("--epoch", type=int, required=True, help="the transaction's epoch")
-    skip.add_argument("--seq", type=int, required=True, help="its seq in the epoch")
+    skip.add_argument("--epoch", type=int, help="the transaction's epoch (strong mode)")
+    skip.add_argument("--seq", type=int, help="its seq in the epoch (strong mode)")
+    skip.add_argument("--input", metavar="TOPIC/PARTITION@OFFSET",
+                      help="weak mode: the input to skip, as the poison line names it")  # fmt: skip
     skip.add_argument("--name", help="app name (default: the App's)")
     skip.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap")
     skip.add_argument("-X", dest="kafka_setting", action="append", default=[],

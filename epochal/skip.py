@@ -7,6 +7,12 @@ that transaction aborted as ``skipped by an operator``, and the worker of partit
 dead letter, exactly once, with the egress of that epoch. A transaction can be skipped only
 while nothing it did can have been seen: its epoch is after the latest snapshot and no egress of
 it was released.
+
+In weak recovery mode there is no command log, and a rollback sequences the input after the
+snapshot anew, in other epochs: the poison is named by its input record instead
+(``--input TOPIC/PARTITION@OFFSET``), and the sequencer sends that record to the dead letters
+instead of sequencing it, held like every weak-mode dead letter until its snapshot commits, so
+it is written once.
 """
 
 from __future__ import annotations
@@ -21,9 +27,9 @@ from epochal.log.client import KafkaClients
 from epochal.log.command_log import KafkaCommandLog, LoggedEpoch
 from epochal.log.egress import read_egress_state
 from epochal.recovery.snapshots import DeltaSnapshots
-from epochal.schemas.commands import Amendment, AmendmentKind, CommandTxn
+from epochal.schemas.commands import Amendment, AmendmentKind, CommandTxn, InputPosition
 
-__all__ = ["Skipped", "skip_transaction"]
+__all__ = ["Skipped", "SkippedInput", "parse_input", "skip_input", "skip_transaction"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,69 @@ class Skipped:
             f"{done}: it goes to {app.topics.dead_letters} when the cluster next runs epoch "
             f"{self.epoch} (a cluster that could not get past it does at its next rollback)"
         )
+
+
+@dataclass(frozen=True)
+class SkippedInput:
+    """An input record skipped in weak mode; ``already``: an earlier skip had recorded it."""
+
+    topic: str
+    partition: int
+    offset: int
+    already: bool
+
+    def describe(self, app: App) -> str:
+        done = "was already skipped" if self.already else "is skipped"
+        return (
+            f"input {self.topic}/{self.partition}@{self.offset} {done}: the sequencer sends it "
+            f"to {app.topics.dead_letters} instead of sequencing it (a cluster that could not "
+            "get past it does at its next rollback)"
+        )
+
+
+def parse_input(text: str) -> InputPosition:
+    """``topic/partition@offset`` (as a poison line names an input) to its three parts."""
+    topic, _, rest = text.rpartition("/")
+    partition, _, offset = rest.partition("@")
+    if not (topic and partition.isdigit() and offset.isdigit()):
+        raise ConfigError("an input is named TOPIC/PARTITION@OFFSET, e.g. bank.in.transfers/0@42",
+                          input=text)  # fmt: skip
+    return InputPosition(topic, int(partition), int(offset))
+
+
+def skip_input(
+    app: App, clients: KafkaClients, snapshots: DeltaSnapshots, record: InputPosition
+) -> SkippedInput:
+    """Record that the input ``record`` goes to the dead letters instead of being sequenced
+    (weak mode), or say why it cannot be skipped."""
+    topic, partition, offset = record.topic, record.partition, record.offset
+    latest = snapshots.latest()
+    if latest is not None and latest.recovery == "strong":
+        raise ConfigError(
+            "this app runs in strong recovery mode, where a logged input is skipped by its "
+            "transaction: --epoch E --seq S, as the poison line names it", app=app.name,
+        )  # fmt: skip
+    topics = {app.topics.input(h.topic) for h in app.handlers.values() if h.topic}
+    if topic not in topics | {app.topics.requests}:
+        raise ConfigError(f"{topic} is not an input topic of the app (it reads "
+                          f"{', '.join(sorted(topics))})", topic=topic)  # fmt: skip
+    low, high = clients.watermarks(topic, partition)
+    if not low <= offset < high:
+        raise ConfigError(f"{topic}/{partition} holds offsets {low}..{high - 1}, not {offset}",
+                          topic=topic, partition=partition)  # fmt: skip
+    covered = latest.input_positions.get(f"{topic}:{partition}", 0) if latest else 0
+    if latest is not None and offset < covered:
+        raise ConfigError(
+            f"input {topic}/{partition}@{offset} ran and is part of snapshot ssid={latest.ssid}: "
+            "it cannot be skipped now", ssid=latest.ssid,
+        )  # fmt: skip
+    if (topic, partition, offset) in read_amendments(clients, app.name).inputs:
+        return SkippedInput(topic, partition, offset, already=True)
+    amendment = Amendment(AmendmentKind.SKIP_INPUT, -1, -1, at_ms=int(time.time() * 1000),
+                          note="epochal skip --input", topic=topic, partition=partition,
+                          offset=offset)  # fmt: skip
+    append_amendment(clients, app.name, amendment)
+    return SkippedInput(topic, partition, offset, already=False)
 
 
 def _find(clients: KafkaClients, app: App, start: int, epoch: int) -> LoggedEpoch:
@@ -74,8 +143,8 @@ def skip_transaction(
     latest = snapshots.latest()
     if latest is not None and latest.recovery != "strong":
         raise ConfigError(
-            "skip works on the command log of strong recovery; this app runs in weak mode, "
-            "which logs no epochs: deploy a fixed version instead", app=app.name,
+            "this app runs in weak recovery mode, which logs no epochs: name the input "
+            "instead, --input TOPIC/PARTITION@OFFSET, as the poison line gives it", app=app.name,
         )  # fmt: skip
     if latest is not None and epoch <= latest.epoch:
         raise ConfigError(

@@ -57,20 +57,24 @@ class Amendments:
 
     skips: dict[int, dict[int, Amendment]] = field(default_factory=dict)  # epoch → seq → it
     recodes: tuple[Amendment, ...] = ()  # in the order written: a later one wins
+    inputs: frozenset[tuple[str, int, int]] = frozenset()  # (topic, partition, offset) skipped
 
     @classmethod
     def of(cls, amendments: Iterable[Amendment]) -> Amendments:
         skips: dict[int, dict[int, Amendment]] = {}
         recodes = []
+        inputs = set()
         for amendment in amendments:
             if amendment.kind is AmendmentKind.SKIP:
                 skips.setdefault(amendment.first_epoch, {})[amendment.seq] = amendment
+            elif amendment.kind is AmendmentKind.SKIP_INPUT:
+                inputs.add((amendment.topic, amendment.partition, amendment.offset))
             else:
                 recodes.append(amendment)
-        return cls(skips, tuple(recodes))
+        return cls(skips, tuple(recodes), frozenset(inputs))
 
     def __bool__(self) -> bool:
-        return bool(self.skips or self.recodes)
+        return bool(self.skips or self.recodes or self.inputs)
 
     def code_hash(self, record: EpochRecord) -> str:
         """The code an epoch runs under: the last deploy that re-coded it, else its logger's."""

@@ -30,6 +30,7 @@ from typing import Protocol
 from epochal.errors import SchemaError, describe_exception
 from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import (
+    SKIPPED_REASON,
     ClientRequest,
     CommandTxn,
     DeadLetter,
@@ -112,14 +113,16 @@ def order(
     sequenced_requests: Container[str] = frozenset(),
     positions: Mapping[str, int] | None = None,
     dead_letter_bytes: int = DEFAULT_DEAD_LETTER_BYTES,
+    skipped: Container[tuple[str, int, int]] = frozenset(),
 ) -> SequencedEpoch:
     """Order one batch into epoch ``stamp.epoch``; see the module docstring for the rule.
 
     ``positions`` is the position vector before this batch (the last epoch's ``next_offsets``);
     ``sequenced_requests`` the request ids already used; ``dead_letter_bytes`` caps each encoded
-    dead letter.
+    dead letter; ``skipped`` the ``(topic, partition, offset)`` of records an operator sent to the
+    dead letters (``epochal skip --input``).
     """
-    batch = _Batch(router, dead_letter_bytes, dict(positions or {}))
+    batch = _Batch(router, dead_letter_bytes, dict(positions or {}), skipped)
     for record in sorted(inputs, key=lambda r: (r.topic, r.partition, r.offset)):
         batch.border(record)
     for record in sorted(requests, key=lambda r: (r.partition, r.offset)):
@@ -138,12 +141,14 @@ class _Batch:
     router: Router
     dead_letter_bytes: int
     next_offsets: dict[str, int]
+    skipped: Container[tuple[str, int, int]]
     txns: list[CommandTxn] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     seen: dict[str, int] = field(default_factory=dict)
 
     def border(self, record: InputRecord) -> None:
-        self._advance(record)
+        if self._advance(record):
+            return
         try:
             routed = _loggable(self.router.route(record.topic, record.value))
         except Exception as exc:  # whatever the router raises, this record is a dead letter
@@ -152,7 +157,8 @@ class _Batch:
         self._append(routed, record, Origin.BORDER)
 
     def client(self, record: InputRecord, remembered: Container[str]) -> None:
-        self._advance(record)
+        if self._advance(record):
+            return
         try:
             request = decode(record.value, ClientRequest)
         except Exception as exc:  # a RecursionError, too, from skipping a deep unknown field
@@ -184,9 +190,14 @@ class _Batch:
     def _dead(self, record: InputRecord, exc: Exception) -> None:
         self.dead.append(dead_letter(record, _reason(exc), self.dead_letter_bytes))
 
-    def _advance(self, record: InputRecord) -> None:
+    def _advance(self, record: InputRecord) -> bool:
+        """Move the position past ``record``; True if it was skipped (now a dead letter)."""
         position = position_key(record.topic, record.partition)
         self.next_offsets[position] = max(self.next_offsets.get(position, 0), record.offset + 1)
+        if (record.topic, record.partition, record.offset) not in self.skipped:
+            return False
+        self.dead.append(dead_letter(record, SKIPPED_REASON, self.dead_letter_bytes))
+        return True
 
 
 def _loggable(routed: Routed) -> Routed:

@@ -59,6 +59,7 @@ from confluent_kafka import (
 
 from epochal.config import SequencerConfig
 from epochal.errors import LogError
+from epochal.log.amendments import read_amendments
 from epochal.log.client import FOREVER, KafkaClients, translate_kafka_error
 from epochal.log.command_log import KafkaCommandLog, chunk_epoch
 from epochal.log.epoch_feed import EpochFeedServer, FeedClosed, stopping_soon
@@ -130,6 +131,7 @@ class Sequencer:
     ) -> None:
         self.config = config
         self.latest_snapshot = latest_snapshot
+        self.skipped_inputs: frozenset[tuple[str, int, int]] = frozenset()  # weak: read at start
         self.clients = clients
         self.router = router
         self.names = TopicNames(config.app)
@@ -195,6 +197,7 @@ class Sequencer:
                 feed.close()
                 return  # told to stop before every worker was there
             state = resumed
+            self.skipped_inputs = read_amendments(self.clients, self.names.app).inputs
         else:
             producer = self._producer()  # fences an older sequencer: before anything is read
             state = self._resume()
@@ -402,6 +405,7 @@ class Sequencer:
         return order(
             self.router, stamp, inputs, requests, sequenced_requests=state.window,
             positions=state.positions, dead_letter_bytes=self.config.dead_letter_max_bytes,
+            skipped=self.skipped_inputs,
         )  # fmt: skip
 
     def _log(self, producer: Producer, consumer: Consumer, sequenced: SequencedEpoch) -> None:

@@ -33,7 +33,7 @@ import heapq
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
 
 import msgspec
@@ -46,6 +46,7 @@ from epochal.actors.partitioning import KeyRanges
 from epochal.actors.snapshots import carried_of, with_log_position
 from epochal.config import KafkaConfig, SnapshotConfig
 from epochal.errors import RecoveryError
+from epochal.log.amendments import read_amendments
 from epochal.log.client import KafkaClients
 from epochal.log.ordering import EpochStamp, SequencedEpoch, order, position_key
 from epochal.recovery.snapshots import DeltaSnapshots
@@ -90,10 +91,15 @@ def _seed(epoch: int) -> int:
 
 
 def resequence(
-    app: App, after: Manifest, records: Iterable[InputRecord], max_records: int
+    app: App,
+    after: Manifest,
+    records: Iterable[InputRecord],
+    max_records: int,
+    skipped: Container[tuple[str, int, int]] = frozenset(),
 ) -> Iterator[SequencedEpoch]:
     """The epochs after snapshot ``after``: ``records`` (the input from its positions on)
-    merged and cut into epochs of ``max_records``, ordered as the sequencer orders a batch."""
+    merged and cut into epochs of ``max_records``, ordered as the sequencer orders a batch
+    (``skipped``: the inputs an operator sent to the dead letters)."""
     merged = _merge(records)
     requests_topic = app.topics.requests
     positions = dict(after.input_positions)
@@ -106,7 +112,7 @@ def resequence(
         inputs = [r for r in batch if r.topic != requests_topic]
         requests = [r for r in batch if r.topic == requests_topic]
         sequenced = order(app, stamp, inputs, requests, sequenced_requests=seen,
-                          positions=positions)  # fmt: skip
+                          positions=positions, skipped=skipped)  # fmt: skip
         seen |= set(sequenced.requests_seen)
         positions = dict(sequenced.record.next_offsets)
         yield sequenced
@@ -207,7 +213,8 @@ def recover_weak(
 
     async def replay() -> None:
         done = 0
-        for sequenced in resequence(app, manifest, records, max_records):
+        skipped = read_amendments(clients, app.name).inputs
+        for sequenced in resequence(app, manifest, records, max_records, skipped):
             record = sequenced.record
             dead.extend(held_dead_letters(app, record.epoch, sequenced.dead))
             result = await engine.run_epoch(record)

@@ -112,6 +112,7 @@ class AmendmentKind(IntEnum):
 
     SKIP = 0  # one transaction goes to the dead-letter topic instead of running
     RECODE = 1  # epochs whose egress was never released run under a new deploy's code
+    SKIP_INPUT = 2  # weak mode: one input record goes to the dead-letter topic, never sequenced
 
 
 class Amendment(msgspec.Struct, frozen=True):
@@ -121,8 +122,10 @@ class Amendment(msgspec.Struct, frozen=True):
     changes nothing; every reader of the command log applies them (``log/amendments.py``).
 
     SKIP names ``first_epoch`` (= ``last_epoch``) and ``seq``; RECODE names the epochs
-    ``first_epoch..last_epoch`` and the ``code_hash`` they run under. ``at_ms`` and ``note``
-    say when and why, for people.
+    ``first_epoch..last_epoch`` and the ``code_hash`` they run under; SKIP_INPUT names the input
+    record at ``topic``/``partition``/``offset`` (weak mode, where epochs are sequenced anew at
+    each rollback: only the input is a stable name). ``at_ms`` and ``note`` say when and why,
+    for people.
     """
 
     kind: AmendmentKind
@@ -132,11 +135,16 @@ class Amendment(msgspec.Struct, frozen=True):
     code_hash: str = ""
     at_ms: int = 0
     note: str = ""
+    topic: str = ""
+    partition: int = 0
+    offset: int = 0
 
     @property
     def key(self) -> bytes:
         if self.kind is AmendmentKind.SKIP:
             return f"skip:{self.first_epoch}:{self.seq}".encode()
+        if self.kind is AmendmentKind.SKIP_INPUT:
+            return f"skip-input:{self.topic}:{self.partition}:{self.offset}".encode()
         return f"recode:{self.first_epoch}:{self.last_epoch}".encode()
 
 

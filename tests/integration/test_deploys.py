@@ -110,6 +110,47 @@ def test_a_skipped_poison_input_goes_to_the_dead_letters_once_and_the_app_goes_o
     cluster.stop()
 
 
+def test_in_weak_mode_a_poison_input_is_skipped_by_its_coordinates_once(cluster: Cluster) -> None:
+    """Weak mode logs no epochs and sequences the input anew at each rollback: the poison line
+    names the input, and ``epochal skip --input`` sends that record to the dead letters."""
+    cluster.app_spec = V1
+    cluster.start(workers=1, partitions=2, snapshot_ms=500, extra=["--recovery", "weak"])
+    ups = _top_ups(cluster, [1, 2, 3])
+    wait_until(lambda: len(_receipts(cluster)) == len(ups), 60, "no receipts", log=cluster.log)
+    ups += _top_ups(cluster, [13, 7])
+    named = (
+        rf"(?m)input=({cluster.name}\.in\.topups/\d+@\d+) .*\(in weak recovery mode: --input \1\)$"
+    )
+    wait_until(lambda: re.search(named, cluster.log()), 60, "no poison line", log=cluster.log)
+    match = re.search(named, cluster.log())
+    assert match is not None
+    where = ["--name", cluster.name, "--bootstrap", cluster.kafka.config.bootstrap_servers,
+             "--warehouse", str(cluster.warehouse)]  # fmt: skip
+    by_seq = _epochal("skip", V1, *where, "--epoch", "1", "--seq", "0")
+    assert by_seq.returncode == 1 and "--input TOPIC/PARTITION@OFFSET" in by_seq.stderr
+    done = _epochal("skip", V1, *where, "--input", match.group(1))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(f"input {match.group(1)} is skipped: the sequencer sends it")
+    again = _epochal("skip", V1, *where, "--input", match.group(1))
+    assert "was already skipped" in again.stdout, again.stdout + again.stderr
+
+    wait_until(lambda: len(_receipts(cluster)) == len(ups) - 1, 60,
+               "the app did not get past the skipped input", log=cluster.log)  # fmt: skip
+    generation = cluster.generation()
+    os.kill(cluster.status()["workers"][0], signal.SIGKILL)  # a rollback sequences anew
+    wait_until(lambda: cluster.generation() > generation, 30, "no rollback", log=cluster.log)
+    ups += _top_ups(cluster, [5])
+    wait_until(lambda: len(_receipts(cluster)) == len(ups) - 1, 60, "stopped", log=cluster.log)
+    cluster.stop()
+    (letter,) = cluster.dead_letters()  # once, however often the input was sequenced
+    topic, offset = match.group(1).split("@")
+    assert (letter.reason, f"{letter.topic}/{letter.partition}", letter.offset) == (
+        SKIPPED_REASON, topic, int(offset),
+    )  # fmt: skip
+    assert msgspec.msgpack.decode(letter.value, type=v1.TopUp) == v1.TopUp(0, 13)
+    assert sorted(r.balance for r in _receipts(cluster) if r.wallet == 0) == [1, 6]
+
+
 def test_new_code_never_silently_reruns_released_epochs_or_a_removed_handler_and_no_flag_sticks(
     cluster: Cluster,
 ) -> None:

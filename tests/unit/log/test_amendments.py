@@ -9,9 +9,16 @@ import pytest
 
 from epochal.actors.engine import EpochResult, LocalEngine
 from epochal.actors.plan import ensure_same_code, plan_epoch
-from epochal.errors import RecoveryError
+from epochal.errors import ConfigError, RecoveryError
 from epochal.log.amendments import Amendments, skipped_dead_letters
-from epochal.schemas.commands import SKIPPED_REASON, Amendment, AmendmentKind, EpochRecord
+from epochal.schemas.commands import (
+    SKIPPED_REASON,
+    Amendment,
+    AmendmentKind,
+    EpochRecord,
+    InputPosition,
+)
+from epochal.skip import parse_input
 from tests.unit.actors.workload import Deposit, Transfer, app, command_log
 
 
@@ -86,3 +93,19 @@ def test_a_handler_the_code_no_longer_has_is_named() -> None:
     )
     with pytest.raises(RecoveryError, match="handler 'refund' is not in this version"):
         plan_epoch(app, gone, [])
+
+
+def test_a_skipped_input_is_named_by_its_coordinates_and_amends_no_epoch() -> None:
+    skip = Amendment(AmendmentKind.SKIP_INPUT, -1, -1, topic="t", partition=2, offset=7)
+    assert skip.key == b"skip-input:t:2:7"
+    amendments = Amendments.of([skip, _skip(3, 0)])
+    assert amendments.inputs == {("t", 2, 7)} and amendments.skipped(3, 0)
+    records = command_log([[Deposit(1, 5)]])
+    assert Amendments.of([skip]).apply(records[0]) is records[0]
+
+
+@pytest.mark.parametrize("text", ["t/0", "t@5", "/0@5", "t/x@5", "t/0@-1"])
+def test_an_input_is_named_topic_partition_at_offset(text: str) -> None:
+    assert parse_input("bank.in.x/3@42") == InputPosition("bank.in.x", 3, 42)
+    with pytest.raises(ConfigError, match="TOPIC/PARTITION@OFFSET"):
+        parse_input(text)

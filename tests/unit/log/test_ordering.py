@@ -6,7 +6,13 @@ from hypothesis import strategies as st
 
 from epochal.log.ordering import EpochStamp, RequestWindow, dead_letter, order
 from epochal.schemas.codec import decode, encode
-from epochal.schemas.commands import ClientRequest, DeadLetter, InputRecord, Origin
+from epochal.schemas.commands import (
+    SKIPPED_REASON,
+    ClientRequest,
+    DeadLetter,
+    InputRecord,
+    Origin,
+)
 from tests.unit.actors.workload import Deposit, Transfer, app
 
 STAMP = EpochStamp(9, 1_000, 7, "code")
@@ -175,3 +181,13 @@ def test_a_dead_letter_written_before_truncation_existed_still_decodes() -> None
 
     old = decode(encode(OldDeadLetter("bad", "t", 0, 4, b"x")), DeadLetter)
     assert (old.reason, old.offset, old.truncated, old.size) == ("bad", 4, False, None)
+
+
+def test_a_skipped_input_is_a_dead_letter_past_which_the_position_moves() -> None:
+    inputs = [InputRecord(TOPIC, 0, o, encode(Deposit(1, o + 1))) for o in range(3)]
+    skipped = {(TOPIC, 0, 1), (TOPIC, 0, 9)}
+    sequenced = order(app, STAMP, inputs, skipped=skipped)
+    assert [t.source.offset for t in sequenced.record.txns if t.source] == [0, 2]
+    (dead,) = sequenced.dead
+    assert (dead.reason, dead.offset, dead.value) == (SKIPPED_REASON, 1, inputs[1].value)
+    assert sequenced.record.next_offsets[f"{TOPIC}:0"] == 3
