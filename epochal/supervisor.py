@@ -264,6 +264,24 @@ def _worker_main(config: ClusterConfig, worker: WorkerConfig, parent: int) -> No
             record.write_text(json.dumps({"generation": worker.generation, "epoch": CRASHED_AT[0]}))
 
 
+def _frozen(processes: list[BaseProcess], indexes: list[int]) -> str:
+    """Which of these workers the system holds stopped (SIGSTOP, a debugger): the one that kept
+    the others waiting, said as `` (worker 1 is stopped by a signal)``, or nothing."""
+    stopped = []
+    for index, process in zip(indexes, processes, strict=True):
+        try:
+            stat = Path(f"/proc/{process.pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] in ("T", "t"):
+            stopped.append(index)
+    if not stopped:
+        return ""
+    if len(stopped) == 1:
+        return f" (worker {stopped[0]} is stopped by a signal)"
+    return f" (workers {', '.join(str(w) for w in stopped)} are stopped by a signal)"
+
+
 class Supervisor:
     """Runs and watches the cluster until SIGTERM or SIGINT."""
 
@@ -319,6 +337,9 @@ class Supervisor:
                     if choice is not None:
                         self._rebalance(choice, stop)
             self._stop_at_savepoint()
+            # the drain's bound is spent: what is left is killed now, not asked again (a frozen
+            # worker ignores SIGTERM, and waiting for it would stretch the bound)
+            self._kill([*self.workers, *([self.sequencer] if self.sequencer else [])])
         finally:
             self._stop([*self.workers, *([self.sequencer] if self.sequencer else [])])
             self.group.stop()
@@ -347,6 +368,7 @@ class Supervisor:
             why = f"workers {failed} failed before the final epoch's snapshot" if failed else ""
             if late:
                 why = f"workers {late} did not end on the final epoch within {timeout_s:g} s"
+                why += _frozen([self.workers[w] for w in late], late)
             self._not_a_savepoint(why)
             return
         if self.config.snapshots is None:
