@@ -54,6 +54,9 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
+
+from msgspec.structs import replace as replace_struct
 
 from epochal.actors.api import App, load_app
 from epochal.actors.egress import layout_in_force, prepare_egress
@@ -85,6 +88,7 @@ from epochal.log.membership import (
     Role,
 )
 from epochal.metrics import Metrics, serve_metrics
+from epochal.poison import Cause, FailedAt, failed_worker_file
 from epochal.recovery.layouts import (
     LayoutChoice,
     LayoutSource,
@@ -101,6 +105,7 @@ __all__ = ["ClusterConfig", "RollbackBackoff", "Supervisor"]
 logger = logging.getLogger(__name__)
 _TICK_S = 0.1
 EXIT_UNRECOVERABLE = 3  # a child's exit code: restarting cannot help (see _exit_if_unrecoverable)
+EXIT_HUNG = 4  # a worker's exit code: one of its handlers hung (see _worker_main)
 
 
 @dataclass(frozen=True)
@@ -196,11 +201,6 @@ def _child_failures(role: str, record: Path, stop: _Stop) -> Iterator[None]:
         sys.exit(1)
 
 
-def _failed_epoch_file(config: ClusterConfig, app: str, worker: int) -> Path:
-    """Where worker ``worker`` says at which epoch a handler stopped it."""
-    return config.run_dir / app / f"failed-worker-{worker}.json"
-
-
 def _snapshots(config: ClusterConfig, app: App) -> DeltaSnapshots | None:
     """Snapshots in Delta Lake under the configured warehouse, or none."""
     if config.snapshots is None:
@@ -252,16 +252,29 @@ def _worker_main(config: ClusterConfig, worker: WorkerConfig, parent: int) -> No
     child_logging()
     app = load_app(config.app_spec, config.app_name)
     from epochal.actors.context import CRASHED_AT
+    from epochal.actors.watchdog import Hang, HangWatch
 
+    record = failed_worker_file(config.run_dir, app.name, worker.worker)
+
+    def hung(hang: Hang) -> NoReturn:
+        """The watchdog's line is logged: say where, for the next generation, and go."""
+        FailedAt.of(hang.invocation, worker.generation, worker.worker, Cause.HANG).write(record)
+        logging.shutdown()  # flushes every handler
+        sys.stderr.flush()
+        os._exit(EXIT_HUNG)
+
+    watch = HangWatch(config.failure.hang_bound_ms, hung)
+    watch.start()
     try:
         with _child_failures(
             f"worker {worker.worker}", _unrecoverable_file(config, app.name), stop
         ):
             Worker(app, worker, config.kafka, _snapshots(config, app)).run(stop)
     finally:
+        watch.stop()
         if CRASHED_AT:  # a handler stopped this worker: where, for the next generation
-            record = _failed_epoch_file(config, app.name, worker.worker)
-            record.write_text(json.dumps({"generation": worker.generation, "epoch": CRASHED_AT[0]}))
+            failed = FailedAt.of(CRASHED_AT[0], worker.generation, worker.worker, Cause.CRASH)
+            failed.write(record)
 
 
 def _frozen(processes: list[BaseProcess], indexes: list[int]) -> str:
@@ -430,7 +443,8 @@ class Supervisor:
                     f"the {name.role} {name.index} cannot go on and restarting would not help "
                     "(its log above says why); the cluster stops", app=self.app_name,
                 )  # fmt: skip
-            lost.append(Lost(name, f"exited code={process.exitcode}"))
+            hung = " (a handler hung)" if process.exitcode == EXIT_HUNG else ""
+            lost.append(Lost(name, f"exited code={process.exitcode}{hung}"))
         return lost
 
     def _stop_if_unrecoverable(self, restartable_only: bool) -> None:
@@ -521,16 +535,12 @@ class Supervisor:
         deployed later re-runs only what never released egress."""
         failed = []
         for worker in range(self.config.worker.workers):
-            record = _failed_epoch_file(self.config, self.app_name, worker)
-            try:
-                said = json.loads(record.read_text())
-                record.unlink()
-            except (OSError, ValueError):
-                continue
-            if said.get("generation") == self.generation:
-                failed.append(int(said["epoch"]))
+            path = failed_worker_file(self.config.run_dir, self.app_name, worker)
+            record = FailedAt.read(path)
+            if record is not None and record.generation == self.generation:
+                failed.append(replace_struct(record, worker=worker))
         if failed:
-            self.snapshot_before = min(failed)
+            self.snapshot_before = min(record.epoch for record in failed)
             logger.warning(
                 "a handler stopped a worker at epoch=%d: the next generation keeps the state "
                 "before it (a snapshot at epoch %d)",
