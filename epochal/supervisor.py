@@ -88,7 +88,7 @@ from epochal.log.membership import (
     Role,
 )
 from epochal.metrics import Metrics, serve_metrics
-from epochal.poison import Cause, FailedAt, failed_worker_file
+from epochal.poison import Cause, CrashLoop, FailedAt, crash_loop_line, failed_worker_file
 from epochal.recovery.layouts import (
     LayoutChoice,
     LayoutSource,
@@ -316,6 +316,7 @@ class Supervisor:
         self.rebalancer = RebalanceSchedule(config.rebalance, time.monotonic())
         self.layout: KeyRanges | None = None  # set before the first generation starts
         self.snapshot_before = -1  # the epoch a handler stopped the last generation at
+        self.crash_loop = CrashLoop()
         interval_s = failure.watch_interval_ms / 1000
         self.group = GroupWatch(self.context, config.kafka, self.app_name, interval_s)
         self.outage = BrokerOutage()
@@ -539,6 +540,9 @@ class Supervisor:
             record = FailedAt.read(path)
             if record is not None and record.generation == self.generation:
                 failed.append(replace_struct(record, worker=worker))
+        for record, times in self.crash_loop.observe(failed):
+            if times > 1:
+                logger.warning("%s", crash_loop_line(record, times))
         if failed:
             self.snapshot_before = min(record.epoch for record in failed)
             logger.warning(
