@@ -350,27 +350,29 @@ class Supervisor:
                     choice = self._rebalance_choice()
                     if choice is not None:
                         self._rebalance(choice, stop)
-            self._stop_at_savepoint()
-            # the drain's bound is spent: what is left is killed now, not asked again (a frozen
-            # worker ignores SIGTERM, and waiting for it would stretch the bound)
-            self._kill([*self.workers, *([self.sequencer] if self.sequencer else [])])
+            deadline = time.monotonic() + self.config.failure.stop_timeout_ms / 1000
+            self._stop_at_savepoint(deadline)
+            # what is left gets what remains of the bound, then is killed: a frozen worker
+            # ignores SIGTERM, and waiting longer for it would stretch the bound
+            left_s = max(0.0, deadline - time.monotonic())
+            self._stop([*self.workers, *([self.sequencer] if self.sequencer else [])], left_s)
         finally:
             self._stop([*self.workers, *([self.sequencer] if self.sequencer else [])])
             self.group.stop()
         return 0
 
-    def _stop_at_savepoint(self) -> None:
+    def _stop_at_savepoint(self, deadline: float) -> None:
         """A clean stop: the sequencer logs a final epoch and exits; the workers run it, commit
         its snapshot and egress, and exit, so a start after it (of any code) replays nothing.
-        Bounded by ``stop_timeout_ms``; what is left then is killed, and the stop says so."""
+        Bounded by ``stop_timeout_ms`` (``deadline``); what is left then is killed, and the stop
+        says so."""
         timeout_s = self.config.failure.stop_timeout_ms / 1000
-        deadline = time.monotonic() + timeout_s
         sequencer = self.sequencer
         if sequencer is None or not sequencer.is_alive():
             self._not_a_savepoint("the sequencer was not running")
             return
         sequencer.terminate()  # it logs the final epoch, then exits
-        sequencer.join(timeout_s)
+        sequencer.join(max(0.0, deadline - time.monotonic()))
         if sequencer.exitcode != 0:
             self._not_a_savepoint(f"the sequencer did not log a final epoch within {timeout_s:g} s")
             return
