@@ -258,10 +258,15 @@ def _worker_main(config: ClusterConfig, worker: WorkerConfig, parent: int) -> No
 
     def hung(hang: Hang) -> NoReturn:
         """The watchdog's line is logged: say where, for the next generation, and go."""
-        FailedAt.of(hang.invocation, worker.generation, worker.worker, Cause.HANG).write(record)
-        logging.shutdown()  # flushes every handler
-        sys.stderr.flush()
-        os._exit(EXIT_HUNG)
+        try:
+            failed = FailedAt.of(hang.invocation, worker.generation, worker.worker, Cause.HANG)
+            failed.write(record)
+        except OSError as exc:  # the line above still names it
+            logger.error("cannot record the hung transaction in %s: %s", record, exc)
+        finally:
+            logging.shutdown()  # flushes every handler
+            sys.stderr.flush()
+            os._exit(EXIT_HUNG)
 
     watch = HangWatch(config.failure.hang_bound_ms, hung)
     watch.start()
