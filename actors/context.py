@@ -37,14 +37,17 @@ from epochal.schemas.commands import ActorKey, KeyRef, Origin
 
 logger = logging.getLogger(__name__)
 
-CRASHED_AT: list[int] = []
-"""The epochs of transactions whose handlers stopped this process (a worker reports the first
-to its supervisor, which has the next generation keep the state before it)."""
+CRASHED_AT: list[Invocation] = []
+"""The transactions whose handlers stopped this process (a worker reports the first to its
+supervisor, which has the next generation keep the state before its epoch)."""
 
 __all__ = [
+    "CRASHED_AT",
     "MAX_EGRESS_BYTES",
     "MAX_REASON_CHARS",
     "Context",
+    "hang_line",
+    "poison_line",
     "run_transaction",
 ]
 
@@ -265,7 +268,7 @@ def run_transaction(
             result, reason = _result_of(returned)
     except FATAL as exc:
         logger.error("%s", poison_line(inv, exc))
-        CRASHED_AT.append(inv.epoch)  # the worker process reports it as it dies
+        CRASHED_AT.append(inv)  # the worker process reports it as it dies
         raise
     except BaseException as exc:  # handler code's exception, however odd: an abort
         reason = ctx.violation or describe_exception(exc)
@@ -282,16 +285,39 @@ def run_transaction(
 def poison_line(inv: Invocation, exc: BaseException) -> str:
     """One line naming a transaction whose handler stopped its worker: which handler, at which
     timestamp, from which input, and the two ways past it (docs/operations.md)."""
-    where = "none (interior)"
-    if inv.source is not None:
-        where = f"{inv.source.topic}/{inv.source.partition}@{inv.source.offset}"
-    request = f" request_id={inv.request_id}" if inv.request_id else ""
-    weak = f" (in weak recovery mode: --input {where})" if inv.source is not None else ""
     return (
-        f"transaction crashed its worker handler={inv.handler.name} epoch={inv.epoch} "
-        f"seq={inv.seq} origin={Origin(inv.origin).name.lower()} input={where}{request} "
-        f"error={describe_exception(exc)}: it will crash every replay; deploy a fixed version, "
-        f"or skip it: epochal skip APP --epoch {inv.epoch} --seq {inv.seq}{weak}"
+        f"transaction crashed its worker {_named(inv)} error={describe_exception(exc)}: it will "
+        f"crash every replay; {_ways_out(inv)}"
+    )
+
+
+def hang_line(inv: Invocation, seconds: float, bound_s: float) -> str:
+    """The line of :func:`poison_line` for a handler that has not returned for ``seconds``."""
+    return (
+        f"transaction hung its worker {_named(inv)} has run for {seconds:.1f} s (the bound is "
+        f"{bound_s:g} s): it will hang every replay; {_ways_out(inv)}"
+    )
+
+
+def _named(inv: Invocation) -> str:
+    request = f" request_id={inv.request_id}" if inv.request_id else ""
+    return (
+        f"handler={inv.handler.name} epoch={inv.epoch} seq={inv.seq} "
+        f"origin={Origin(inv.origin).name.lower()} input={_input(inv)}{request}"
+    )
+
+
+def _input(inv: Invocation) -> str:
+    if inv.source is None:
+        return "none (interior)"
+    return f"{inv.source.topic}/{inv.source.partition}@{inv.source.offset}"
+
+
+def _ways_out(inv: Invocation) -> str:
+    weak = f" (in weak recovery mode: --input {_input(inv)})" if inv.source is not None else ""
+    return (
+        "deploy a fixed version, or skip it: epochal skip APP --epoch "
+        f"{inv.epoch} --seq {inv.seq}{weak}"
     )
 
 

@@ -33,6 +33,7 @@ from epochal.actors.outcome import TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import EpochClock, Invocation
 from epochal.actors.store import StateStore
+from epochal.actors.watchdog import RUNNING
 from epochal.schemas.commands import KeyRef, PartitionId
 
 __all__ = ["EpochExecutor", "Exchange", "Reads", "Step", "split_plan"]
@@ -172,7 +173,11 @@ class EpochExecutor:
         reads: Reads = {ref: values.get(ref) for ref in step.local_keys}
         if remote:
             reads.update(remote)
-        outcome = run_transaction(self.app, step.invocation, reads, clock)
+        RUNNING.invocation = step.invocation  # for the watchdog of a handler that hangs
+        try:
+            outcome = run_transaction(self.app, step.invocation, reads, clock)
+        finally:
+            RUNNING.invocation = None
         if outcome.committed:
             local, epoch = step.local_keys, clock.epoch
             for ref, value in outcome.writes.items():

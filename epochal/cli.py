@@ -166,7 +166,8 @@ def _run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port + workers + 1 if args.metrics_port else 0,
         failure=FailureConfig(failure_timeout_ms=args.failure_timeout_ms,
                               startup_timeout_ms=args.startup_timeout_ms,
-                              stop_timeout_ms=args.stop_timeout_ms),
+                              stop_timeout_ms=args.stop_timeout_ms,
+                              hang_timeout_ms=args.hang_timeout_ms),
         rebalance=RebalanceConfig(args.rebalance_check_ms, args.rebalance_skew),
         snapshots=None if args.no_snapshots else SnapshotConfig(
             args.warehouse, _settings(args.storage_option), keep=args.keep_snapshots,
@@ -566,6 +567,13 @@ def _run_flags(run: argparse.ArgumentParser) -> None:
     run.add_argument("--failure-timeout-ms", type=int, default=6000,
                      help="a process or peer silent this long has failed (the broker's "
                           "group.min.session.timeout.ms is the least)")  # fmt: skip
+    run.add_argument(
+        "--hang-timeout-ms",
+        type=int,
+        default=0,
+        help="a handler running this long on one input is hung: its worker names it and exits "
+        "(0: half of --failure-timeout-ms, the most allowed)",
+    )
     run.add_argument("--startup-timeout-ms", type=int, default=30_000,
                      help="a process must join the cluster within this")  # fmt: skip
     run.add_argument("--warehouse", default="warehouse",

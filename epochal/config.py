@@ -339,8 +339,16 @@ class FailureConfig:
     doubling up to ``backoff_max_ms``. A clean stop (SIGTERM) waits up to ``stop_timeout_ms``
     for the cluster to end on a savepoint, then kills what is left.
 
-    >>> FailureConfig().failure_timeout_ms
-    6000
+    One handler invocation running for longer than ``hang_timeout_ms`` is hung: its worker names
+    it and exits, and the next generation keeps the state before its epoch, as for a crash.
+    0 (the default) means half of ``failure_timeout_ms``, and more is refused: a handler blocks
+    its worker's loop, and its peers, which hear from it four times per failure bound, fail it
+    as soon as three quarters of the bound after it blocks; the watchdog sees an invocation
+    start at most a tenth of its bound late, so half leaves it time to write its record first.
+    A handler that needs longer needs a longer failure bound.
+
+    >>> FailureConfig().hang_bound_ms
+    3000
     """
 
     failure_timeout_ms: int = 6000
@@ -350,6 +358,21 @@ class FailureConfig:
     backoff_max_ms: int = 30_000
     backoff_reset_ms: int = 60_000
     stop_timeout_ms: int = 30_000
+    hang_timeout_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.hang_timeout_ms <= self.failure_timeout_ms // 2:
+            raise ConfigError(
+                "the hang timeout is at most half the failure timeout (0: half): a handler "
+                "blocking its worker for longer is failed by its peers before it can be named",
+                hang_timeout_ms=self.hang_timeout_ms,
+                failure_timeout_ms=self.failure_timeout_ms,
+            )
+
+    @property
+    def hang_bound_ms(self) -> int:
+        """How long one handler invocation may run before its worker calls it hung."""
+        return self.hang_timeout_ms or self.failure_timeout_ms // 2
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,9 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
+
+from msgspec.structs import replace as replace_struct
 
 from epochal.actors.api import App, load_app
 from epochal.actors.egress import layout_in_force, prepare_egress
@@ -85,6 +88,7 @@ from epochal.log.membership import (
     Role,
 )
 from epochal.metrics import Metrics, serve_metrics
+from epochal.poison import Cause, CrashLoop, FailedAt, crash_loop_line, failed_worker_file
 from epochal.recovery.layouts import (
     LayoutChoice,
     LayoutSource,
@@ -102,6 +106,7 @@ __all__ = ["ClusterConfig", "RollbackBackoff", "Supervisor"]
 logger = logging.getLogger(__name__)
 _TICK_S = 0.1
 EXIT_UNRECOVERABLE = 3  # a child's exit code: restarting cannot help (see _exit_if_unrecoverable)
+EXIT_HUNG = 4  # a worker's exit code: one of its handlers hung (see _worker_main)
 
 
 @dataclass(frozen=True)
@@ -197,11 +202,6 @@ def _child_failures(role: str, record: Path, stop: _Stop) -> Iterator[None]:
         sys.exit(1)
 
 
-def _failed_epoch_file(config: ClusterConfig, app: str, worker: int) -> Path:
-    """Where worker ``worker`` says at which epoch a handler stopped it."""
-    return config.run_dir / app / f"failed-worker-{worker}.json"
-
-
 def _snapshots(config: ClusterConfig, app: App) -> DeltaSnapshots | None:
     """Snapshots in Delta Lake under the configured warehouse, or none."""
     if config.snapshots is None:
@@ -253,16 +253,52 @@ def _worker_main(config: ClusterConfig, worker: WorkerConfig, parent: int) -> No
     child_logging()
     app = load_app(config.app_spec, config.app_name)
     from epochal.actors.context import CRASHED_AT
+    from epochal.actors.watchdog import Hang, HangWatch
 
+    record = failed_worker_file(config.run_dir, app.name, worker.worker)
+
+    def hung(hang: Hang) -> NoReturn:
+        """The watchdog's line is logged: say where, for the next generation, and go."""
+        try:
+            failed = FailedAt.of(hang.invocation, worker.generation, worker.worker, Cause.HANG)
+            failed.write(record)
+        except OSError as exc:  # the line above still names it
+            logger.error("cannot record the hung transaction in %s: %s", record, exc)
+        finally:
+            logging.shutdown()  # flushes every handler
+            sys.stderr.flush()
+            os._exit(EXIT_HUNG)
+
+    watch = HangWatch(config.failure.hang_bound_ms, hung)
+    watch.start()
     try:
         with _child_failures(
             f"worker {worker.worker}", _unrecoverable_file(config, app.name), stop
         ):
             Worker(app, worker, config.kafka, _snapshots(config, app)).run(stop)
     finally:
+        watch.stop()
         if CRASHED_AT:  # a handler stopped this worker: where, for the next generation
-            record = _failed_epoch_file(config, app.name, worker.worker)
-            record.write_text(json.dumps({"generation": worker.generation, "epoch": CRASHED_AT[0]}))
+            failed = FailedAt.of(CRASHED_AT[0], worker.generation, worker.worker, Cause.CRASH)
+            failed.write(record)
+
+
+def _frozen(processes: list[BaseProcess], indexes: list[int]) -> str:
+    """Which of these workers the system holds stopped (SIGSTOP, a debugger): the one that kept
+    the others waiting, said as `` (worker 1 is stopped by a signal)``, or nothing."""
+    stopped = []
+    for index, process in zip(indexes, processes, strict=True):
+        try:
+            stat = Path(f"/proc/{process.pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rsplit(")", 1)[1].split()[0] in ("T", "t"):
+            stopped.append(index)
+    if not stopped:
+        return ""
+    if len(stopped) == 1:
+        return f" (worker {stopped[0]} is stopped by a signal)"
+    return f" (workers {', '.join(str(w) for w in stopped)} are stopped by a signal)"
 
 
 class Supervisor:
@@ -286,6 +322,7 @@ class Supervisor:
         self.rebalancer = RebalanceSchedule(config.rebalance, time.monotonic())
         self.layout: KeyRanges | None = None  # set before the first generation starts
         self.snapshot_before = -1  # the epoch a handler stopped the last generation at
+        self.crash_loop = CrashLoop()
         interval_s = failure.watch_interval_ms / 1000
         self.group = GroupWatch(self.context, config.kafka, self.app_name, interval_s)
         self.outage = BrokerOutage()
@@ -319,24 +356,29 @@ class Supervisor:
                     choice = self._rebalance_choice()
                     if choice is not None:
                         self._rebalance(choice, stop)
-            self._stop_at_savepoint()
+            deadline = time.monotonic() + self.config.failure.stop_timeout_ms / 1000
+            self._stop_at_savepoint(deadline)
+            # what is left gets what remains of the bound, then is killed: a frozen worker
+            # ignores SIGTERM, and waiting longer for it would stretch the bound
+            left_s = max(0.0, deadline - time.monotonic())
+            self._stop([*self.workers, *([self.sequencer] if self.sequencer else [])], left_s)
         finally:
             self._stop([*self.workers, *([self.sequencer] if self.sequencer else [])])
             self.group.stop()
         return 0
 
-    def _stop_at_savepoint(self) -> None:
+    def _stop_at_savepoint(self, deadline: float) -> None:
         """A clean stop: the sequencer logs a final epoch and exits; the workers run it, commit
         its snapshot and egress, and exit, so a start after it (of any code) replays nothing.
-        Bounded by ``stop_timeout_ms``; what is left then is killed, and the stop says so."""
+        Bounded by ``stop_timeout_ms`` (``deadline``); what is left then is killed, and the stop
+        says so."""
         timeout_s = self.config.failure.stop_timeout_ms / 1000
-        deadline = time.monotonic() + timeout_s
         sequencer = self.sequencer
         if sequencer is None or not sequencer.is_alive():
             self._not_a_savepoint("the sequencer was not running")
             return
         sequencer.terminate()  # it logs the final epoch, then exits
-        sequencer.join(timeout_s)
+        sequencer.join(max(0.0, deadline - time.monotonic()))
         if sequencer.exitcode != 0:
             self._not_a_savepoint(f"the sequencer did not log a final epoch within {timeout_s:g} s")
             return
@@ -348,6 +390,7 @@ class Supervisor:
             why = f"workers {failed} failed before the final epoch's snapshot" if failed else ""
             if late:
                 why = f"workers {late} did not end on the final epoch within {timeout_s:g} s"
+                why += _frozen([self.workers[w] for w in late], late)
             self._not_a_savepoint(why)
             return
         if self.config.snapshots is None:
@@ -409,7 +452,8 @@ class Supervisor:
                     f"the {name.role} {name.index} cannot go on and restarting would not help "
                     "(its log above says why); the cluster stops", app=self.app_name,
                 )  # fmt: skip
-            lost.append(Lost(name, f"exited code={process.exitcode}"))
+            hung = " (a handler hung)" if process.exitcode == EXIT_HUNG else ""
+            lost.append(Lost(name, f"exited code={process.exitcode}{hung}"))
         return lost
 
     def _stop_if_unrecoverable(self, restartable_only: bool) -> None:
@@ -500,16 +544,15 @@ class Supervisor:
         deployed later re-runs only what never released egress."""
         failed = []
         for worker in range(self.config.worker.workers):
-            record = _failed_epoch_file(self.config, self.app_name, worker)
-            try:
-                said = json.loads(record.read_text())
-                record.unlink()
-            except (OSError, ValueError):
-                continue
-            if said.get("generation") == self.generation:
-                failed.append(int(said["epoch"]))
+            path = failed_worker_file(self.config.run_dir, self.app_name, worker)
+            record = FailedAt.read(path)
+            if record is not None and record.generation == self.generation:
+                failed.append(replace_struct(record, worker=worker))
+        for record, times in self.crash_loop.observe(failed):
+            if times > 1:
+                logger.warning("%s", crash_loop_line(record, times))
         if failed:
-            self.snapshot_before = min(failed)
+            self.snapshot_before = min(record.epoch for record in failed)
             logger.warning(
                 "a handler stopped a worker at epoch=%d: the next generation keeps the state "
                 "before it (a snapshot at epoch %d)",
