@@ -460,7 +460,9 @@ class DeltaSnapshots:
         return int(self._table(uri).version())
 
     def _merge_state(self, actor_type: str, files: list[ChangeFile]) -> tuple[int, int]:
-        """Upsert and delete the changed actors into ``state/<type>``; (version, actors added)."""
+        """Upsert and delete the changed actors into ``state/<type>``; (version, actors added).
+        Columns of fields the code no longer has are null in the rows it writes, as in the
+        change rows."""
         filesystem, root = self.warehouse.files(self.warehouse.changes(actor_type))
         changes = pa.concat_tables(
             [pq.read_table(f"{root}/{f.path}", filesystem=filesystem) for f in files]
@@ -470,6 +472,9 @@ class DeltaSnapshots:
         quoted = {c: f"`{c}`" for c in columns}
         table = self._table(self.warehouse.state(actor_type))
         assignments = {quoted[c]: f"s.{quoted[c]}" for c in columns}
+        for field in table.schema().fields:  # a removed field's column: null from now on
+            if field.name not in quoted:
+                assignments[f"`{field.name}`"] = "NULL"
         merger = table.merge(changes, predicate="t._key = s._key", source_alias="s",
                              target_alias="t")  # fmt: skip
         merger = merger.when_matched_update(assignments, predicate="s._deleted = false")
