@@ -105,6 +105,7 @@ class App:
     """Per actor type, the function that turns a value of an older schema into the state
     (see :meth:`migration`)."""
     _code_hash: tuple[tuple[object, ...], str] | None = field(default=None, repr=False)
+    _topics: TopicNames | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         from epochal.actors.serializable import READ_HANDLER, ReadKeys, read_handler_parts
@@ -114,7 +115,11 @@ class App:
 
     @property
     def topics(self) -> TopicNames:
-        return TopicNames(self.name)
+        """The app's topic names (asked for per egress record: made once per name)."""
+        topics = self._topics
+        if topics is None or topics.app != self.name:
+            topics = self._topics = TopicNames(self.name)
+        return topics
 
     @property
     def actor_types_by_class(self) -> Mapping[type, ActorType]:

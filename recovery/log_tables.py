@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import pyarrow as pa
@@ -24,8 +25,8 @@ import pyarrow.compute as pc
 from epochal.actors.api import App
 from epochal.actors.snapshots import Reported
 from epochal.errors import RecoveryError
-from epochal.schemas.canonical import decode_canonical, encode_canonical
-from epochal.schemas.commands import CommandTxn, EpochRecord, KeyRef
+from epochal.schemas.canonical import encode_canonical
+from epochal.schemas.commands import CommandTxn, EpochRecord, KeyRef, Origin
 from epochal.schemas.snapshots import OutboxRow, Outcomes
 
 __all__ = [
@@ -84,18 +85,6 @@ OUTBOX_SCHEMA = pa.schema([
 """``key`` (added later: null in rows written before) is a dead letter's Kafka key."""
 
 
-def _event_json(app: App, handler: str, event: bytes) -> str | None:
-    """The event as JSON for SQL users; None if the handler is gone or the bytes no longer decode
-    (the canonical bytes are kept anyway)."""
-    known = app.handlers.get(handler)
-    if known is None:
-        return None
-    try:
-        return msgspec.json.encode(decode_canonical(event, known.event)).decode()
-    except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError):
-        return None
-
-
 def _keys(keys: Sequence[KeyRef]) -> list[str]:
     return [f"{k.actor_type}:{k.key!r}" for k in keys]
 
@@ -106,38 +95,76 @@ def commands_table(app: App, ssid: int, records: Sequence[EpochRecord]) -> pa.Ta
     row with ``seq`` -1 and ``origin`` "" (interior transactions, which are never logged, may
     run in it: they have rows of their own, :func:`interior_table`). ``txn`` is the transaction
     as the log holds it (its event's canonical bytes included), so :func:`epochs_of` gives back
-    the epochs for replay."""
-    empty: list[dict[str, object]] = [
-        {"ssid": ssid, "epoch": r.epoch, "time": r.now_ms, "seq": -1, "handler": "",
-         "keys": [], "origin": "", "code_hash": r.code_hash, "seed": r.seed, "txn": None}
-        for r in records
-        if not r.txns
-    ]  # fmt: skip
-    rows = [
-        {
-            "ssid": ssid, "epoch": r.epoch, "time": r.now_ms, "seq": t.seq, "handler": t.handler,
-            "event_json": _event_json(app, t.handler, t.event),
-            "keys": _keys(t.keys), "origin": t.origin.name.lower(),
-            "source_topic": t.source.topic if t.source else None,
-            "source_partition": t.source.partition if t.source else None,
-            "source_offset": t.source.offset if t.source else None,
-            "request_id": t.request_id or None, "code_hash": r.code_hash, "seed": r.seed,
-            "txn": encode_canonical(t),
-        }
-        for r in records
-        for t in r.txns
-    ]  # fmt: skip
-    return pa.Table.from_pylist(rows + empty, schema=COMMANDS_SCHEMA)
+    the epochs for replay.
+
+    Built column by column (worker 0 archives every transaction, on the snapshot writer's
+    thread, which shares the GIL with the epoch loop): no dict per row."""
+    txns = [(r, t) for r in records for t in r.txns]
+    empty = [r for r in records if not r.txns]
+    as_json = _EventJson(app)
+    sources = [t.source for _, t in txns]
+    none: list[None] = [None] * len(empty)
+    columns: dict[str, list[Any]] = {
+        "ssid": [ssid] * (len(txns) + len(empty)),
+        "epoch": [r.epoch for r, _ in txns] + [r.epoch for r in empty],
+        "time": [r.now_ms for r, _ in txns] + [r.now_ms for r in empty],
+        "seq": [t.seq for _, t in txns] + [-1] * len(empty),
+        "handler": [t.handler for _, t in txns] + [""] * len(empty),
+        "event_json": [as_json(t.handler, t.event) for _, t in txns] + none,
+        "keys": [_keys(t.keys) for _, t in txns] + [[] for _ in empty],
+        "origin": [_ORIGINS[t.origin] for _, t in txns] + [""] * len(empty),
+        "source_topic": [s.topic if s else None for s in sources] + none,
+        "source_partition": [s.partition if s else None for s in sources] + none,
+        "source_offset": [s.offset if s else None for s in sources] + none,
+        "request_id": [t.request_id or None for _, t in txns] + none,
+        "code_hash": [r.code_hash for r, _ in txns] + [r.code_hash for r in empty],
+        "seed": [r.seed for r, _ in txns] + [r.seed for r in empty],
+        "txn": [encode_canonical(t) for _, t in txns] + none,
+    }
+    rows = len(columns["ssid"])
+    return pa.table(
+        [pa.array(columns[f.name], f.type) if f.name in columns else pa.nulls(rows, f.type)
+         for f in COMMANDS_SCHEMA],
+        schema=COMMANDS_SCHEMA,
+    )  # fmt: skip
+
+
+_ORIGINS = {origin: origin.name.lower() for origin in Origin}
+
+
+class _EventJson:
+    """Events as JSON for SQL users, with one decoder per handler; None if the handler is gone
+    or the bytes no longer decode (the canonical bytes are kept anyway)."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.decoders: dict[str, Any] = {}
+
+    def __call__(self, handler: str, event: bytes) -> str | None:
+        decode = self.decoders.get(handler)
+        if decode is None:
+            known = self.app.handlers.get(handler)
+            if known is None:
+                return None
+            decode = self.decoders[handler] = msgspec.msgpack.Decoder(known.event).decode
+        try:
+            return _json_encode(decode(event)).decode()
+        except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError):
+            return None
+
+
+_json_encode = msgspec.json.Encoder().encode
 
 
 def interior_table(app: App, ssid: int, reported: Sequence[Reported]) -> pa.Table:
     """Rows of the interior transactions one worker reported (with their outcomes: the worker
     knows them): at their own timestamp, ``(epoch, seq < 0)``, with the epoch's time and seed,
     the event their parent emitted and the parent's timestamp; ``txn`` null (never logged)."""
+    as_json = _EventJson(app)
     rows = [
         {
             "ssid": ssid, "epoch": r.epoch, "time": r.now_ms, "seq": seq, "handler": e.handler,
-            "event_json": _event_json(app, e.handler, e.event), "keys": _keys(e.keys),
+            "event_json": as_json(e.handler, e.event), "keys": _keys(e.keys),
             "origin": "interior", "source_topic": e.source.topic if e.source else None,
             "source_partition": e.source.partition if e.source else None,
             "source_offset": e.source.offset if e.source else None,
