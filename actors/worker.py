@@ -46,6 +46,7 @@ from epochal.actors.egress import (
 )
 from epochal.actors.engine import Engine, EpochResult, partitions_of
 from epochal.actors.outcome import Emitted
+from epochal.actors.outcome_metrics import count_outcomes
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import ensure_same_code
 from epochal.actors.query_server import QueryServer
@@ -78,29 +79,6 @@ logger = logging.getLogger(__name__)
 _POLL_CHUNKS = 16
 """Command-log records decoded per poll: a backlog is read a few epochs at a time (librdkafka
 prefetches the rest), so a worker's memory does not grow with the backlog."""
-
-
-def abort_category(reason: str) -> str:
-    """A label of few values for an abort reason: a broken rule of the contract, or the
-    exception's type name (which the app's code chooses, so the set stays small)."""
-    for prefix, label in _ABORT_LABELS:
-        if reason.startswith(prefix):
-            return label
-    head = reason.split(":", 1)[0]
-    return head if head.isidentifier() else "other"
-
-
-_ABORT_LABELS = (  # the prefixes of the reasons epochal itself gives
-    ("constraint ", "constraint"),
-    ("undeclared key", "undeclared_key"),
-    ("key function", "key_function"),
-    ("key ", "key_type"),
-    ("ill-typed", "ill_typed"),
-    ("not an actor type", "ill_typed"),
-    ("no transaction handles", "ill_typed"),
-    ("egress ", "egress"),
-    ("event no longer decodes", "event_decode"),
-)
 
 
 class Worker:
@@ -415,12 +393,7 @@ class Worker:
         self.metrics.inc("epochal_epoch_seconds_sum", time.perf_counter() - started)
         self.metrics.set("epochal_command_log_position", logged.position)
         self._count_partitions(engine)
-        for outcome in result.outcomes:
-            self.metrics.inc("epochal_transactions_total",
-                             outcome="committed" if outcome.committed else "aborted")  # fmt: skip
-            if not outcome.committed:
-                self.metrics.inc("epochal_aborts_total", handler=outcome.handler,
-                                 reason=abort_category(outcome.reason))  # fmt: skip
+        count_outcomes(self.metrics, result.outcomes)
         return result
 
 

@@ -290,7 +290,7 @@ def test_now_and_random_are_fixed_by_epoch_seed_and_seq() -> None:
 
 
 def test_abort_reasons_fall_into_few_metric_labels() -> None:
-    from epochal.actors.worker import abort_category
+    from epochal.actors.outcome_metrics import abort_category
 
     assert abort_category("constraint 'non-negative' violated by Counter['a']") == "constraint"
     assert (
