@@ -6,7 +6,12 @@ transfers' egress records (receipts and abort reports, ``read_committed``) until
 every run drains a backlog. Throughput = transfers / (time of the last egress record - time of
 the first one); each configuration runs ``--repeats`` times, interleaved, and the median is
 reported, with the rollbacks each run needed (its last generation - 1) and the peak memory
-(RSS) of its supervisor, sequencer and workers, sampled every second.
+(RSS) of its supervisor, sequencer and workers, sampled every second. The CPU time each role
+used during the drain (``/proc/<pid>/stat``, user + system, sampled every 0.1 s: the
+sequencer, each worker with its snapshot threads, the supervisor and the local broker) is
+reported per transfer, in microseconds: a measure far steadier than the wall-clock rate. The
+window is the drain's (first egress record to last), except for the sequencer, which runs
+ahead of the workers: its window starts when its first epoch is logged.
 
     python -m bench.bank --transfers 200000 --workers 1 2
     python -m bench.bank --transfers 100000 --workers 1 --checkouts ../baseline .   # before/after
@@ -41,7 +46,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,33 +116,93 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-class RssSampler(threading.Thread):
-    """Samples the RSS of a run's processes (from its status file) every ``interval_s``: the
-    peak per role, and the whole series."""
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
-    def __init__(self, status_file: Path, interval_s: float = 1.0) -> None:
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far (None once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime: fields 14 and 15
+
+
+class RssSampler(threading.Thread):
+    """Samples a run's processes (from its status file): their RSS every ``interval_s`` (the
+    peak per role, and the whole series) and their CPU time every ``cpu_interval_s`` (per role,
+    summed over every process that held it: a rollback starts new ones)."""
+
+    def __init__(
+        self,
+        status_file: Path,
+        interval_s: float = 1.0,
+        cpu_interval_s: float = 0.1,
+        broker_pid: int | None = None,
+    ) -> None:
         super().__init__(daemon=True)
         self.status_file = status_file
         self.interval_s = interval_s
+        self.cpu_interval_s = cpu_interval_s
+        self.broker_pid = broker_pid
         self.peak: dict[str, float] = {}
         self.series: list[tuple[float, dict[str, float]]] = []
+        self.cpu: list[tuple[float, dict[str, float]]] = []  # (monotonic time, role -> CPU s)
+        self.logging_from: float | None = None  # when the command log first held an epoch
+        self.log_end: Callable[[], int] | None = None  # the command log's end offset
+        self._cpu_of: dict[tuple[str, int], float] = {}  # last reading per (role, pid)
         self.generation = 0
         self.stopping = threading.Event()
 
+    def _roles(self) -> dict[str, int]:
+        status = json.loads(self.status_file.read_text())
+        self.generation = int(status.get("generation", 0))
+        roles = {"supervisor": status["supervisor"], "sequencer": status["sequencer"]}
+        roles |= {f"worker{w}": pid for w, pid in enumerate(status["workers"])}
+        return {role: int(pid) for role, pid in roles.items() if pid}
+
     def run(self) -> None:
-        started = time.monotonic()
-        while not self.stopping.wait(self.interval_s):
+        started = next_rss = time.monotonic()
+        while not self.stopping.wait(self.cpu_interval_s):
             try:
-                status = json.loads(self.status_file.read_text())
-            except (OSError, ValueError):
+                roles = self._roles()
+            except (OSError, ValueError, KeyError):
                 continue
-            self.generation = int(status.get("generation", 0))
-            roles = {"supervisor": status["supervisor"], "sequencer": status["sequencer"]}
-            roles |= {f"worker{w}": pid for w, pid in enumerate(status["workers"])}
-            sample = {role: _rss_mb(int(pid)) for role, pid in roles.items() if pid}
-            self.series.append((time.monotonic() - started, sample))
-            for role, mb in sample.items():
-                self.peak[role] = max(self.peak.get(role, 0.0), mb)
+            if self.broker_pid is not None:
+                roles["broker"] = self.broker_pid
+            self._sample_cpu(roles)
+            if self.logging_from is None and self.log_end is not None and self.log_end() > 0:
+                self.logging_from = self.cpu[-2][0] if len(self.cpu) > 1 else self.cpu[-1][0]
+            if time.monotonic() >= next_rss:
+                next_rss += self.interval_s
+                sample = {role: _rss_mb(pid) for role, pid in roles.items() if role != "broker"}
+                self.series.append((time.monotonic() - started, sample))
+                for role, mb in sample.items():
+                    self.peak[role] = max(self.peak.get(role, 0.0), mb)
+
+    def _sample_cpu(self, roles: dict[str, int]) -> None:
+        for role, pid in roles.items():
+            used = _cpu_s(pid)
+            if used is not None:
+                self._cpu_of[role, pid] = used
+        totals: dict[str, float] = {}
+        for (role, _), used in self._cpu_of.items():
+            totals[role] = totals.get(role, 0.0) + used
+        self.cpu.append((time.monotonic(), totals))
+
+    def cpu_between(self, start: float, end: float) -> dict[str, float]:
+        """CPU seconds each role used from ``start`` to ``end`` (monotonic times), from the
+        last sample at or before ``start`` to the first at or after ``end``."""
+        before = [s for t, s in self.cpu if t <= start] or self.cpu[:1]
+        after = [s for t, s in self.cpu if t >= end] or self.cpu[-1:]
+        if not before or not after:
+            return {}
+        first, last = before[-1], after[0]
+        used = {role: cpu - first.get(role, 0.0) for role, cpu in last.items()}
+        if self.logging_from is not None and "sequencer" in last:
+            logging = [s for t, s in self.cpu if t <= self.logging_from] or self.cpu[:1]
+            used["sequencer"] = last["sequencer"] - logging[-1].get("sequencer", 0.0)
+        return used
 
 
 @dataclass(frozen=True)
@@ -186,12 +251,19 @@ def _snapshots_taken(run_dir: Path) -> int:
 class _Cluster:
     """``epochal run`` of the bank for one run, with its RSS sampled; stopped by SIGTERM."""
 
-    def __init__(self, setup: Setup, name: str, bootstrap: str, port_base: int) -> None:
+    def __init__(
+        self,
+        setup: Setup,
+        name: str,
+        bootstrap: str,
+        port_base: int,
+        broker_pid: int | None = None,
+    ) -> None:
         self.setup = setup
         self.name = name
         self.run_dir = Path(tempfile.mkdtemp(prefix="epochal-bench-"))
         self.command = _command(setup, name, bootstrap, port_base, self.run_dir)
-        self.sampler = RssSampler(self.run_dir / name / "processes.json")
+        self.sampler = RssSampler(self.run_dir / name / "processes.json", broker_pid=broker_pid)
         self.process: subprocess.Popen[bytes] | None = None
         self.started = 0.0
 
@@ -222,6 +294,13 @@ class _Cluster:
         }
 
 
+def _end_offset(clients: KafkaClients, topic: str) -> int:
+    """A topic's end offset, 0 while it does not exist yet (asked without creating it)."""
+    if topic not in clients.admin().list_topics(timeout=5).topics:
+        return 0
+    return clients.end_offset(topic)
+
+
 def run_once(
     bootstrap: str,
     workers: int,
@@ -231,18 +310,24 @@ def run_once(
     *,
     checkout: Path = ROOT,
     snapshots: str = "default",
+    broker_pid: int | None = None,
 ) -> dict[str, Any]:
-    """Drain a backlog of ``transfers``: throughput from the first egress record to the last."""
+    """Drain a backlog of ``transfers``: throughput from the first egress record to the last,
+    and the CPU each role used meanwhile, per transfer."""
     setup = Setup(checkout, workers, snapshots)
     name = f"bench{workers}w{uuid.uuid4().hex[:6]}"
     clients = KafkaClients(KafkaConfig(bootstrap))
     clients.create_topics([f"{name}.in.transfers"])
     produce(bootstrap, f"{name}.in.transfers", transfers, accounts)
-    with _Cluster(setup, name, bootstrap, port_base) as cluster:
+    with _Cluster(setup, name, bootstrap, port_base, broker_pid) as cluster:
+        cluster.sampler.log_end = lambda: _end_offset(clients, f"{name}.cmd")
         clients.create_topics([f"{name}.out.receipts", f"{name}.out.errors"])
         with Progress(console=console, transient=True) as progress:
             first, last = count_egress(clients, name, transfers, progress)
+        time.sleep(2 * cluster.sampler.cpu_interval_s)  # a CPU sample after the last egress
+        cpu = cluster.sampler.cpu_between(first, last)
     return {
+        "cpu_us_per_tx": {role: 1e6 * s / transfers for role, s in sorted(cpu.items())},
         **cluster.facts(),
         "transfers": transfers,
         "seconds": last - first,
@@ -422,6 +507,9 @@ def _print_backlog(results: list[dict[str, Any]], transfers: int) -> None:
     for r in results:
         rss = ", ".join(f"{role} {mb:.0f}" for role, mb in sorted(r["peak_rss_mb"].items()))
         console.print(f"peak RSS MB ({_label(r)}): {rss}")
+    for r in results:
+        cpu = ", ".join(f"{role} {us:.1f}" for role, us in r["cpu_us_per_tx"].items())
+        console.print(f"CPU us per transfer, median run ({_label(r)}): {cpu}")
 
 
 def _print_steady(results: list[dict[str, Any]]) -> None:
@@ -492,6 +580,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rate", help="also steady-rate runs at this many transfers/s, or "
                         "'half': half the lowest median peak of the backlog runs")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=30, help="length of a steady run")
+    parser.set_defaults(broker_pid=None)  # set when the run starts its own broker
     parser.add_argument("--warmup", type=float, default=3,
                         help="seconds of a steady run left out of the latencies")  # fmt: skip
     return parser
@@ -518,6 +607,7 @@ def _run_all(args: argparse.Namespace, bootstrap: str, setups: list[Setup]) -> d
                 runs[setup].append(run_once(
                     bootstrap, setup.workers, args.transfers, args.accounts, port,
                     checkout=setup.checkout, snapshots=setup.snapshots,
+                    broker_pid=args.broker_pid,
                 ))  # fmt: skip
         report["results"] = [_median(r) for r in runs.values()]
         _print_backlog(report["results"], args.transfers)
@@ -555,6 +645,7 @@ def main() -> int:
         )
         broker.start()
         bootstrap = broker.config.bootstrap
+        args.broker_pid = broker.status().pid
     setups = [
         Setup(c.resolve(), w, s)
         for c in args.checkouts
