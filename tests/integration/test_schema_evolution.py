@@ -35,7 +35,7 @@ from tests.integration.evolving import s1, s2, s4
 
 pytestmark = pytest.mark.integration
 
-S1, S2, S3, S4, S5 = (f"tests.integration.evolving.s{n}:app" for n in range(1, 6))
+S1, S2, S3, S4, S5, S6 = (f"tests.integration.evolving.s{n}:app" for n in range(1, 7))
 
 
 def _deposit(cluster: Cluster, deposits: list[tuple[int, int]]) -> None:
@@ -136,6 +136,22 @@ def test_schemas_evolve_across_deploys_and_history_reads_every_snapshot(
     ]
     latest = spark.sql("SELECT count(balance), sum(funds), count(*) FROM account").collect()
     assert tuple(latest[0]) == (0, 381.0, 8)  # the renamed field's column is null from then on
+
+
+def test_a_migration_that_fails_stops_the_start_in_one_line_naming_it(cluster: Cluster) -> None:
+    _deploy(cluster, S1, [(a, 10 * (a + 1)) for a in range(4)], 4)
+    flags = ["--name", cluster.name, "--bootstrap", cluster.kafka.config.bootstrap_servers,
+             "--run-dir", str(cluster.run_dir), "--warehouse", str(cluster.warehouse),
+             "--workers", "1", "--partitions", "2", "--startup-timeout-ms", "20000"]  # fmt: skip
+    wide = {**os.environ, "COLUMNS": "300"}
+    done = subprocess.run([EPOCHAL, "run", S6, *flags], cwd=ROOT, env=wide, capture_output=True,
+                          text=True, timeout=90, check=False)  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, said
+    assert "the migration buggy of Account failed: ZeroDivisionError" in said, said
+    assert "key=2" in said and "fix the migration and start again" in said
+    assert "restarting would not help" in said  # no crash loop: the cluster stops
+    assert said.count("rolling back") == 0
 
 
 def _ledger(version: Any, warehouse: Path) -> DeltaSnapshots:
