@@ -350,8 +350,7 @@ def _recover_weak(args: argparse.Namespace, config: SnapshotConfig, spark: Any) 
 
 def _stop(args: argparse.Namespace) -> int:
     """SIGTERM an app's supervisor and wait: the run ends on a savepoint (``epochal/stop.py``)."""
-    from epochal.recovery.snapshots import DeltaSnapshots
-    from epochal.stop import stop_app
+    from epochal.stop import read_stop, stop_app
 
     app = None
     if ":" in args.app:
@@ -361,13 +360,15 @@ def _stop(args: argparse.Namespace) -> int:
     with console.status(f"stopping {name}: a final epoch, its snapshot and egress"):
         pid = stop_app(name, Path(args.run_dir), args.timeout)
     said = f"stopped {name} (supervisor pid {pid})"
-    if app is not None:
-        config = SnapshotConfig(args.warehouse, _settings(args.storage_option))
-        latest = DeltaSnapshots(app, config, partitions=1).latest()
-        if latest is not None:
-            said += f"; its latest snapshot: ssid={latest.ssid}"
-    Console().print(said, highlight=False)
-    return 0
+    ended = read_stop(Path(args.run_dir), name)
+    if ended is not None and ended.savepoint:
+        said += f" at a savepoint: ssid={ended.ssid}; a start after it replays nothing"
+    elif ended is not None:
+        resumes = f"ssid={ended.ssid}" if ended.ssid is not None else "the command log's start"
+        said += (f", not at a savepoint: {ended.reason}; the next start resumes from {resumes} "
+                 "and replays the epochs after it")  # fmt: skip
+    Console().print(said, highlight=False, soft_wrap=True)
+    return 0 if ended is not None and ended.savepoint else 1
 
 
 def _skip(args: argparse.Namespace) -> int:
@@ -645,9 +646,6 @@ def _recovery_commands(commands: Any, app_flags: Callable[[argparse.ArgumentPars
     stop.add_argument("app", help="module:attribute of the App, or the app's name")
     stop.add_argument("--name", help="app name (default: the App's)")
     stop.add_argument("--run-dir", default=".epochal/run", help="the --run-dir of its run")
-    stop.add_argument("--warehouse", default="warehouse", help="where the snapshots are")
-    stop.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                      help="delta-rs storage option")  # fmt: skip
     stop.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for it")
     stop.set_defaults(handler=_stop)
 

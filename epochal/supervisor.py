@@ -99,6 +99,8 @@ from epochal.recovery.layouts import (
 )
 from epochal.recovery.schema_evolution import check_schemas
 from epochal.recovery.snapshots import DeltaSnapshots
+from epochal.schemas.snapshots import Manifest
+from epochal.stop import StopRecord, stop_file, write_stop
 from epochal.watch import BrokerOutage, GroupWatch, OutageChange
 
 __all__ = ["ClusterConfig", "RollbackBackoff", "Supervisor"]
@@ -339,6 +341,7 @@ class Supervisor:
         stop = _Stop(handle_sigint=True)
         self._replace_earlier_run()
         _unrecoverable_file(self.config, self.app_name).unlink(missing_ok=True)  # an old run's
+        stop_file(self.config.run_dir, self.app_name).unlink(missing_ok=True)
         self._ensure_topics()
         if self.config.metrics_port:
             serve_metrics(self.metrics, self.config.metrics_port, "the supervisor")
@@ -395,22 +398,31 @@ class Supervisor:
             return
         if self.config.snapshots is None:
             logger.warning("stopped cleanly; no snapshots: a start replays the command log")
+            self._record_stop(StopRecord(False, None, "the app takes no snapshots"))
             return
-        latest = _snapshots(self.config, load_app(self.config.app_spec, self.app_name))
-        manifest = latest.latest() if latest is not None else None
+        manifest = self._latest_snapshot()
         if manifest is not None:
             logger.warning(
                 "stopped at a savepoint ssid=%d: a start after it replays nothing", manifest.ssid
             )
+            self._record_stop(StopRecord(True, manifest.ssid))
 
     def _not_a_savepoint(self, why: str) -> None:
-        snapshots = _snapshots(self.config, load_app(self.config.app_spec, self.app_name))
-        manifest = snapshots.latest() if snapshots is not None else None
+        manifest = self._latest_snapshot()
         resumes = f"ssid={manifest.ssid}" if manifest else "the command log's start"
         logger.warning(
             "the stop is not a savepoint: %s; the next start resumes from %s and replays the "
             "epochs after it", why, resumes,
         )  # fmt: skip
+        self._record_stop(StopRecord(False, manifest.ssid if manifest else None, why))
+
+    def _latest_snapshot(self) -> Manifest | None:
+        snapshots = _snapshots(self.config, load_app(self.config.app_spec, self.app_name))
+        return snapshots.latest() if snapshots is not None else None
+
+    def _record_stop(self, record: StopRecord) -> None:
+        """For ``epochal stop``, which reports how the stop ended."""
+        write_stop(self.config.run_dir, self.app_name, record)
 
     def _lost(self) -> list[Lost]:
         """Members that failed: exited processes, then what the group says, and every member
