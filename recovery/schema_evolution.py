@@ -22,6 +22,7 @@ column still holds every old value). Columns of removed fields stay, null from t
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -64,7 +65,7 @@ def migrations_for(app: App, manifest: Manifest) -> dict[str, Migrate]:
         return {}
     changed = _by_type(schema_changes(manifest.schemas, app_schemas(app)))
     return {
-        name: (lambda old, name=name: app.migrated(name, old))  # type: ignore[misc]
+        name: functools.partial(app.migrated, name)
         for name in app.migrations
         if name in changed and name in manifest.schemas
     }

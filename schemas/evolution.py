@@ -41,11 +41,6 @@ class ChangeKind(enum.Enum):
     TYPE_ADDED = "actor type added"
     TYPE_REMOVED = "actor type removed"
 
-    @property
-    def readable(self) -> bool:
-        """Whether old values decode as the new schema means them, whatever they hold."""
-        return self in (ChangeKind.ADDED, ChangeKind.WIDENED, ChangeKind.TYPE_ADDED)
-
 
 @dataclass(frozen=True)
 class FieldChange:
