@@ -34,7 +34,7 @@ from epochal.actors.code_hash import code_hash
 from epochal.errors import ConfigError, EpochalError, SchemaError, describe_exception
 from epochal.log.ordering import Routed
 from epochal.log.topics import TopicNames
-from epochal.schemas.arrow import RESERVED_COLUMNS
+from epochal.schemas.actor_schemas import RESERVED_COLUMNS
 from epochal.schemas.canonical import Codec, codec_for
 from epochal.schemas.codec import decode
 from epochal.schemas.commands import ActorKey, KeyRef

@@ -20,7 +20,19 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-__all__ = ["ActorSchema", "FieldSchema", "actor_schema", "schemas_of", "type_text", "union_members"]
+__all__ = [
+    "RESERVED_COLUMNS",
+    "ActorSchema",
+    "FieldSchema",
+    "actor_schema",
+    "schemas_of",
+    "type_text",
+    "union_members",
+]
+
+RESERVED_COLUMNS = frozenset({"_key", "_state", "_ssid", "_epoch", "_deleted"})
+"""The snapshot tables' own columns (:mod:`epochal.schemas.arrow`): no actor field may use
+these names (checked when an actor type is registered)."""
 
 
 class FieldSchema(msgspec.Struct, frozen=True, forbid_unknown_fields=False):

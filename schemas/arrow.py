@@ -29,9 +29,8 @@ import pyarrow as pa
 
 from epochal.schemas.canonical import codec_for
 
-__all__ = ["RESERVED_COLUMNS", "RowLayout", "arrow_type"]
+__all__ = ["RowLayout", "arrow_type"]
 
-RESERVED_COLUMNS = frozenset({"_key", "_state", "_ssid", "_epoch", "_deleted"})
 _AS_IS = (bytes, bytearray, memoryview)  # binary columns, not base64 strings
 
 _SCALARS: dict[type[mi.Type], pa.DataType] = {

@@ -22,13 +22,15 @@ def test_exported_names_are_pinned() -> None:
     assert all(hasattr(epochal, name) for name in epochal.__all__)
 
 
-def test_importing_epochal_loads_neither_spark_nor_delta() -> None:
-    """A service that only queries live state imports epochal without pyspark or delta-rs."""
+def test_importing_epochal_loads_neither_spark_nor_delta_nor_arrow() -> None:
+    """A service that only queries live state imports epochal without pyspark, delta-rs or
+    pyarrow."""
     import subprocess
     import sys
 
+    heavy = ("pyspark", "deltalake", "pyarrow")
     code = ("import sys, epochal; assert epochal.Client and epochal.COMMITTED; "
-            "print(sorted(m for m in ('pyspark', 'deltalake') if m in sys.modules))")  # fmt: skip
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")  # fmt: skip
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True).stdout.strip()  # fmt: skip
     assert loaded == "[]"
