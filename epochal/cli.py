@@ -1,5 +1,5 @@
-"""The ``epochal`` command: ``run``, ``replay``, ``jars fetch``, ``kafka start|stop|status``,
-``demo``.
+"""The ``epochal`` command: run an app, stop, skip and replay it, recover it with Spark, query its
+history, and the local broker and jars for development.
 
 Config objects are built here, once, from flags and the environment (``EPOCHAL_CACHE``); library
 code never reads the environment. An :class:`EpochalError` ends the command with its message and
@@ -680,9 +680,16 @@ class _ShowDefaults(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+_DESCRIPTION = (
+    "Transactional stream processing with queryable state: run an app on Kafka (run, stop, "
+    "skip), look at its snapshots and history (snapshots, replay, sql), recover it with Spark "
+    "(recover), and a local broker and jars for development (kafka, jars, demo)."
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="epochal", description=__doc__.splitlines()[0], formatter_class=_ShowDefaults
+        prog="epochal", description=_DESCRIPTION, formatter_class=_ShowDefaults
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     parser.add_argument(

@@ -113,6 +113,18 @@ def test_help_shows_every_default() -> None:
             )
 
 
+def test_the_top_level_help_names_every_command() -> None:
+    """``epochal --help`` says what the tool is for, and its description names each command."""
+    from epochal.cli import _parser
+
+    parser = _parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    assert isinstance(commands, dict) and parser.description
+    named = set(re.findall(r"[a-z]+", parser.description))
+    assert set(commands) <= named, set(commands) - named
+    assert "``" not in parser.description  # prose for a terminal, not a docstring's markup
+
+
 class User:
     """A user's shell: a fresh working directory, the checkout's examples importable, the
     test's jar cache, and the session's broker put in where the docs name the default one."""
