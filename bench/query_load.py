@@ -2,7 +2,7 @@
 
 A :class:`Cell` is one measurement: ``get`` (1 key) or ``get_many`` (more) of random bank
 accounts at one isolation level, with ``in_flight`` queries outstanding at once (asyncio tasks
-sharing one pipelined :class:`~epochal.actors.query_client.QueryClient`), for ``seconds``. The
+sharing one pipelined :class:`~epochal.client.QueryClient`), for ``seconds``. The
 process runs its cells in order and puts each :class:`CellResult` on a queue as it finishes, so
 that the benchmark's own process (which feeds transfers and watches the egress) never shares a
 GIL with the client it measures.
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.bank import percentiles
-from epochal.actors.query_client import COMMITTED, LIVE, SERIALIZABLE, SNAPSHOT, QueryClient
+from epochal.client import COMMITTED, LIVE, SERIALIZABLE, SNAPSHOT, QueryClient
 from epochal.config import KafkaConfig, SnapshotConfig
 from epochal.recovery.snapshot_reads import SnapshotReader
 from examples.bank.app import ACCOUNTS, Account, account_key, app

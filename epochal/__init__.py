@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from epochal.actors.api import App
 from epochal.actors.context import Context
-from epochal.actors.query_client import (
+from epochal.actors.windows import CountWindow, TimeWindow
+from epochal.client import (
     COMMITTED,
     LIVE,
     SERIALIZABLE,
@@ -19,7 +20,6 @@ from epochal.actors.query_client import (
     Outcome,
     QueryClient,
 )
-from epochal.actors.windows import CountWindow, TimeWindow
 from epochal.config import (
     CacheConfig,
     FailureConfig,

@@ -34,9 +34,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from epochal.actors.api import load_app
-from epochal.actors.query_client import COMMITTED, LIVE, SERIALIZABLE, SNAPSHOT, Client
 from epochal.analytics.history import query_rows, register_views
 from epochal.analytics.spark import spark_session
+from epochal.client import COMMITTED, LIVE, SERIALIZABLE, SNAPSHOT, Client
 from epochal.config import CacheConfig, KafkaConfig, SnapshotConfig, SparkConfig
 from epochal.errors import EpochalError
 from epochal.jvm import JarSet, fetch_jars

@@ -1,6 +1,6 @@
 """Client transactions over Kafka: requests to ``<app>.requests``, outcomes from ``<app>.replies``.
 
-The client library (``actors/query_client.py``) submits through a :class:`RequestChannel`: one
+The client library (``epochal/client.py``) submits through a :class:`RequestChannel`: one
 idempotent producer, and one ``read_committed`` consumer thread that matches each
 :class:`ClientReply` to the requests waiting for it by request id (and remembers recent ones, for
 a submit retried after its reply came).

@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from epochal.actors.oracle import SerialOracle
-from epochal.actors.query_client import COMMITTED, LIVE, SERIALIZABLE, SNAPSHOT, Client
+from epochal.client import COMMITTED, LIVE, SERIALIZABLE, SNAPSHOT, Client
 from epochal.config import SnapshotConfig
 from epochal.errors import SnapshotNotRetainedError
 from epochal.recovery.log_tables import epochs_of

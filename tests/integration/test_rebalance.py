@@ -14,7 +14,7 @@ import pytest
 
 from epochal.actors.oracle import SerialOracle
 from epochal.actors.partitioning import KeyRanges
-from epochal.actors.query_client import Client
+from epochal.client import Client
 from epochal.log.egress import read_egress_state
 from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.codec import decode

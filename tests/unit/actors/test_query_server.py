@@ -20,9 +20,9 @@ import pytest
 
 from epochal.actors.engine import Engine
 from epochal.actors.oracle import SerialOracle
-from epochal.actors.query_client import COMMITTED, LIVE, SERIALIZABLE, QueryClient
 from epochal.actors.query_server import SCAN_BUDGET, QueryServer
 from epochal.actors.transport import Peers
+from epochal.client import COMMITTED, LIVE, SERIALIZABLE, QueryClient
 from epochal.errors import QueryError, QueryUnavailableError
 from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.commands import EpochRecord, KeyRef
