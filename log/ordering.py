@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Container, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -113,7 +114,7 @@ def order(
     sequenced_requests: Container[str] = frozenset(),
     positions: Mapping[str, int] | None = None,
     dead_letter_bytes: int = DEFAULT_DEAD_LETTER_BYTES,
-    skipped: Container[tuple[str, int, int]] = frozenset(),
+    skipped: AbstractSet[tuple[str, int, int]] = frozenset(),
 ) -> SequencedEpoch:
     """Order one batch into epoch ``stamp.epoch``; see the module docstring for the rule.
 
@@ -141,7 +142,7 @@ class _Batch:
     router: Router
     dead_letter_bytes: int
     next_offsets: dict[str, int]
-    skipped: Container[tuple[str, int, int]]
+    skipped: AbstractSet[tuple[str, int, int]]
     txns: list[CommandTxn] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     seen: dict[str, int] = field(default_factory=dict)
@@ -194,7 +195,7 @@ class _Batch:
         """Move the position past ``record``; True if it was skipped (now a dead letter)."""
         position = position_key(record.topic, record.partition)
         self.next_offsets[position] = max(self.next_offsets.get(position, 0), record.offset + 1)
-        if (record.topic, record.partition, record.offset) not in self.skipped:
+        if not self.skipped or (record.topic, record.partition, record.offset) not in self.skipped:
             return False
         self.dead.append(dead_letter(record, SKIPPED_REASON, self.dead_letter_bytes))
         return True

@@ -33,7 +33,8 @@ import heapq
 import json
 import logging
 import time
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import msgspec
@@ -95,7 +96,7 @@ def resequence(
     after: Manifest,
     records: Iterable[InputRecord],
     max_records: int,
-    skipped: Container[tuple[str, int, int]] = frozenset(),
+    skipped: AbstractSet[tuple[str, int, int]] = frozenset(),
 ) -> Iterator[SequencedEpoch]:
     """The epochs after snapshot ``after``: ``records`` (the input from its positions on)
     merged and cut into epochs of ``max_records``, ordered as the sequencer orders a batch
