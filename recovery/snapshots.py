@@ -619,22 +619,22 @@ class DeltaSnapshots:
             return Restored(manifest, actors, migrations_for(self.app, manifest))
         return None
 
-    def states(self, actor_type: str, manifest: Manifest) -> pa.Table:
-        """The ``_state`` column of ``actor_type``'s actors in snapshot ``manifest``."""
-        version = manifest.state_versions.get(actor_type, 0)
-        return self._table(self.warehouse.state(actor_type), version).to_pyarrow_table(
-            columns=["_state"]
-        )
-
-    def _actors(self, actor_type: str, manifest: Manifest) -> list[tuple[ActorKey, bytes]]:
+    def states(
+        self, actor_type: str, manifest: Manifest, columns: Sequence[str] = ("_state",)
+    ) -> pa.Table:
+        """``columns`` of ``actor_type``'s actors in snapshot ``manifest``."""
         version = manifest.state_versions.get(actor_type, 0)
         table = self._table(self.warehouse.state(actor_type), version)
-        data = table.to_pyarrow_table(columns=list(ACTOR_COLUMNS))
+        return table.to_pyarrow_table(columns=list(columns))
+
+    def _actors(self, actor_type: str, manifest: Manifest) -> list[tuple[ActorKey, bytes]]:
+        data = self.states(actor_type, manifest, ACTOR_COLUMNS)
         expected = manifest.actors.get(actor_type, 0)
         if data.num_rows != expected:
             raise RecoveryError(
                 "a snapshot's state table holds another number of actors than its manifest says",
-                ssid=manifest.ssid, table=self.warehouse.state(actor_type), version=version,
-                rows=data.num_rows, expected=expected,
+                ssid=manifest.ssid, table=self.warehouse.state(actor_type),
+                version=manifest.state_versions.get(actor_type, 0), rows=data.num_rows,
+                expected=expected,
             )  # fmt: skip
         return actor_rows(data)
