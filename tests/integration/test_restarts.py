@@ -167,7 +167,8 @@ def test_restarts_after_idle_and_busy_stops_go_on_whatever_retention_trimmed(
     """Retention trims the command log and the input back to the oldest snapshot kept. A young
     app's only snapshot ends the log after an idle stop (so does the latest with ``keep`` 1):
     nothing of the log is left, and the restart goes on from the snapshot. A busy stop leaves
-    epochs after it. Either way each input is applied once and each egress record written once."""
+    input after its savepoint. Either way each input is applied once and each egress record
+    written once."""
 
     def start() -> None:
         retention = ["--keep-snapshots", str(keep)]
@@ -185,14 +186,14 @@ def test_restarts_after_idle_and_busy_stops_go_on_whatever_retention_trimmed(
 
     start()
     end, running = cluster.kafka.end_offset(command_log), cluster.processes[-1]
-    cluster.produce(800)  # 20 epochs: the stop comes right after the first
+    cluster.produce(4000)  # 100 epochs of 40: the stop comes right after the first
     logged = lambda: cluster.kafka.end_offset(command_log) > end  # noqa: E731
     wait_until(logged, 60, "no epoch logged", lambda: running.poll() is None, cluster.log)
     cluster.stop()
     saved = re.findall(r"stopped at a savepoint ssid=(\d+)", cluster.log())
     assert len(saved) == 2, cluster.log()  # the idle stop and the busy one
     assert f"from_epoch={int(saved[0]) + 1} " in cluster.log()  # the restart went on from it
-    assert len(cluster.egress()) < cluster.transfers, "stopped busy"
+    assert len(cluster.egress()) < cluster.transfers, "stopped busy: input left for the restart"
 
     start()
     cluster.produce(100)
