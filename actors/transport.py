@@ -180,6 +180,8 @@ class Peers:
         for to, chunks in self._buffers.items():
             if chunks:
                 writer = self._writers[to]
+                if writer.is_closing():  # lost already: uvloop would raise RuntimeError on write
+                    raise TransportError("a peer went away", worker=to)
                 writer.write(b"".join(chunks))
                 chunks.clear()
                 try:
