@@ -26,6 +26,7 @@ from epochal.config import SnapshotConfig
 from epochal.recovery.log_tables import epochs_of
 from epochal.recovery.spark_weak import recover_weak
 from epochal.schemas.commands import EpochRecord
+from epochal.schemas.snapshots import Manifest
 from tests.conftest import free_ports
 from tests.integration.cluster import Cluster, app_named, wait_until
 from tests.unit.actors.workload import app
@@ -36,37 +37,61 @@ INPUT_PARTITIONS = 3
 WEAK = ["--recovery", "weak", "--input-partitions", str(INPUT_PARTITIONS)]
 
 
-def _archived(cluster: Cluster) -> tuple[list[EpochRecord], str]:
-    """The epochs the latest snapshot's ``commands`` version archives, and its digest."""
-    manifest = cluster.snapshots().manifests()[-1]
-    return epochs_of(_commands(cluster).to_pyarrow_table()), manifest.digest
+def _latest(cluster: Cluster) -> Manifest:
+    """The latest snapshot, read once for every check of it (a snapshot committed meanwhile
+    must not mix two versions into one comparison); each snapshot's ssid is its own."""
+    manifests = cluster.snapshots().manifests()
+    ssids = [m.ssid for m in manifests]
+    assert ssids == sorted(set(ssids)), f"snapshots share an ssid: {_described(manifests)}"
+    return manifests[-1]
 
 
-def _commands(cluster: Cluster) -> DeltaTable:
-    manifest = cluster.snapshots().manifests()[-1]
+def _described(manifests: list[Manifest]) -> str:
+    return ", ".join(
+        f"ssid={m.ssid} commands@{m.log_versions.get('commands')} covered={_inputs(m)}"
+        for m in manifests
+    )
+
+
+def _archived(cluster: Cluster, manifest: Manifest) -> list[EpochRecord]:
+    """The epochs ``manifest``'s ``commands`` version archives."""
+    return epochs_of(_commands(cluster, manifest).to_pyarrow_table())
+
+
+def _commands(cluster: Cluster, manifest: Manifest) -> DeltaTable:
     return DeltaTable(str(cluster.warehouse / cluster.name / "commands"),
                       version=manifest.log_versions["commands"])  # fmt: skip
 
 
-def _check_outcomes(cluster: Cluster, results: list[EpochResult]) -> None:
+def _check_outcomes(cluster: Cluster, manifest: Manifest, results: list[EpochResult]) -> None:
     """The archive holds each transaction of its history once, interior ones included, with
     the outcome the oracle gives over that history."""
-    table = _commands(cluster).to_pyarrow_table(columns=["epoch", "seq", "origin", "committed",
-                                                         "reason"])  # fmt: skip
+    table = _commands(cluster, manifest).to_pyarrow_table(
+        columns=["epoch", "seq", "origin", "committed", "reason"]
+    )
     archived = [((r["epoch"], r["seq"]), (r["committed"], r["reason"]))
                 for r in table.to_pylist() if r["origin"]]  # fmt: skip
     assert len(archived) == len(dict(archived)), "a transaction archived twice"
-    assert dict(archived) == {
-        (o.epoch, o.seq): (o.committed, o.reason) for r in results for o in r.outcomes
-    }
+    expected = {(o.epoch, o.seq): (o.committed, o.reason) for r in results for o in r.outcomes}
+    missing, extra = expected.keys() - dict(archived).keys(), dict(archived).keys() - expected
+    assert not missing and not extra, (
+        f"archive of ssid={manifest.ssid} lacks {len(missing)} outcomes "
+        f"({min(missing, default=None)}..{max(missing, default=None)}) and has {len(extra)} "
+        "more; snapshots: "
+        f"{_described(cluster.snapshots().manifests())}"
+    )
+    assert dict(archived) == expected
+
+
+def _inputs(manifest: Manifest) -> int:
+    """Input records of ``in.ops`` ``manifest`` has sequenced."""
+    return sum(o for k, o in manifest.input_positions.items() if ".in.ops:" in k)
 
 
 def _covered(cluster: Cluster) -> int:
     """Input records of ``in.ops`` the latest snapshot has sequenced."""
     manifests = cluster.snapshots().manifests()
-    if not manifests:
-        return 0
-    return sum(o for k, o in manifests[-1].input_positions.items() if ".in.ops:" in k)
+    return _inputs(manifests[-1]) if manifests else 0
 
 
 def _check_history(cluster: Cluster) -> list[EpochRecord]:
@@ -76,7 +101,8 @@ def _check_history(cluster: Cluster) -> list[EpochRecord]:
     says, naming its input."""
     egress = cluster.wait_for_egress(timeout_s=90)
     wait_until(lambda: _covered(cluster) == cluster.produced, 30, "no snapshot covers the input")
-    epochs, digest = _archived(cluster)
+    latest = _latest(cluster)
+    epochs = _archived(cluster, latest)
     topic = f"{cluster.name}.in.ops"
     by_partition: dict[int, list[int]] = {}
     for e in epochs:
@@ -95,8 +121,8 @@ def _check_history(cluster: Cluster) -> list[EpochRecord]:
         assert applied == sorted(applied), partition
         assert sorted(applied + dead.get(partition, [])) == list(range(end)), partition
     results = SerialOracle(app).run(epochs)
-    assert results[-1].digest == digest, "the snapshot's state is the archived history's"
-    _check_outcomes(cluster, results)
+    assert results[-1].digest == latest.digest, "the snapshot's state is the archived history's"
+    _check_outcomes(cluster, latest, results)
     expected = sorted(
         (o.epoch, o.seq, o.committed, o.reason)
         for r in results
@@ -131,13 +157,12 @@ def test_the_weak_recovery_job_in_spark_resequences_the_input_after_the_snapshot
     assert report.records - 501 in (0, 1)  # and a worker's tick for waiting interior ones
     assert cluster.dead_letters() == [], "held in the snapshot, released by the cluster"
     assert report.epochs == 5 and report.egress == 500  # 120 a piece; a report per transfer
-    latest = cluster.snapshots().manifests()[-1]
+    latest = _latest(cluster)
     assert (latest.ssid, latest.digest, latest.recovery) == (report.ssid, report.digest, "weak")
     assert _covered(cluster) == cluster.produced
-    epochs, digest = _archived(cluster)
-    results = SerialOracle(app).run(epochs)
-    assert results[-1].digest == digest == report.digest
-    _check_outcomes(cluster, results)  # the job's epochs and the cluster's before them
+    results = SerialOracle(app).run(_archived(cluster, latest))
+    assert results[-1].digest == report.digest
+    _check_outcomes(cluster, latest, results)  # the job's epochs and the cluster's before them
     cluster.start(workers=2, partitions=4, snapshot_ms=200, extra=WEAK)  # resumes from it
     resumed = f"workers on the epoch feed ssid={report.ssid} "
     wait_until(lambda: resumed in cluster.log(), 30, "not resumed from the job's snapshot")
