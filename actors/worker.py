@@ -30,6 +30,7 @@ import os
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,15 +158,18 @@ class Worker:
         # their open transactions, and a loop blocked past the failure bound leaves the group
         loop = asyncio.get_running_loop()
         mine = partitions_of(config.worker, config.partitions, config.workers)
+        phases = _Phases()
         writers, ranges = await loop.run_in_executor(None, self._open_egress, mine)
         if not self.weak:  # weak mode has no command log to amend
             self.amendments = await loop.run_in_executor(
                 None, read_amendments, self.clients, self.app.name
             )
+        phases.done("egress")
         engine = Engine(self.app, config.partitions, config.worker, config.workers, peers,
                         track_digest=config.track_digest, snapshots=self.snapshots is not None,
                         queries=bool(config.query), ranges=ranges)  # fmt: skip
         resumed = await self._resume(engine)
+        phases.done("snapshot")
         if peers is not None:
             peers.resumed = resumed.ssid if resumed else -1
         taking = _Snapshotting(self, engine, peers, writers) if self.snapshots is not None else None
@@ -176,12 +180,14 @@ class Worker:
             await peers.start()
         progress = _Progress.after(resumed)
         poller, head = await self._epochs_from(progress, writers, resumed)
+        phases.done("peers")
         recovery = _Recovery(self, progress.next, head, started, resumed, queries=queries)
         ticker = _InteriorTicker(self.clients, self.app, config)
         self._count_partitions(engine)
         logger.info("worker started worker=%d partitions=%s generation=%d from_epoch=%d "
-                    "partition_actors=%s", config.worker, list(engine.partitions),
-                    config.generation, progress.epoch, dict(engine.store.actors))  # fmt: skip
+                    "partition_actors=%s seconds=%s", config.worker, list(engine.partitions),
+                    config.generation, progress.epoch, dict(engine.store.actors),
+                    phases)  # fmt: skip
         try:
             while not should_stop():
                 _check(peers, taking)
@@ -309,11 +315,15 @@ class Worker:
         """Open (and so fence) this worker's egress writers, then learn where each resumes and
         the layout the cluster runs (the supervisor recorded it before the workers started)."""
         config = self.config
-        writers = {
-            p: EgressWriter(self.clients, self.app.name, p, config.partitions,
-                            config.transaction_timeout_ms)
-            for p in partitions
-        }  # fmt: skip
+
+        def open_writer(partition: PartitionId) -> EgressWriter:
+            return EgressWriter(self.clients, self.app.name, partition, config.partitions,
+                                config.transaction_timeout_ms)  # fmt: skip
+
+        # at once: each writer's fencing waits on the broker (after a kill, for it to abort
+        # the dead incarnation's open transaction), and a rollback waits on the slowest
+        with ThreadPoolExecutor(max(1, len(partitions)), "egress-open") as pool:
+            writers = dict(zip(partitions, pool.map(open_writer, partitions), strict=True))
         state = read_egress_state(self.clients, self.app.name)
         if state.layout is None or state.layout.partitions != config.partitions:
             raise ConfigError(
@@ -395,6 +405,24 @@ class Worker:
         self._count_partitions(engine)
         count_outcomes(self.metrics, result.outcomes)
         return result
+
+
+class _Phases:
+    """Seconds of each step of a worker's start, for its ``worker started`` line: where a
+    rollback's time goes. ``egress``: the writers opened, which fences the last generation's
+    (and the operator's amendments read); ``snapshot``: the latest loaded; ``peers``: the
+    other workers connected, the command log or epoch feed opened."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+        self._seconds: dict[str, float] = {}
+
+    def done(self, phase: str) -> None:
+        now = time.perf_counter()
+        self._seconds[phase], self._last = now - self._last, now
+
+    def __str__(self) -> str:
+        return ",".join(f"{phase}:{s:.2f}" for phase, s in self._seconds.items())
 
 
 async def _close(
