@@ -36,7 +36,7 @@ from epochal.log.ordering import Routed
 from epochal.log.topics import TopicNames
 from epochal.schemas.actor_schemas import RESERVED_COLUMNS
 from epochal.schemas.canonical import Codec, codec_for
-from epochal.schemas.codec import decode
+from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import ActorKey, KeyRef
 
 __all__ = ["ActorType", "App", "Handler", "KeysFn", "load_app"]
@@ -106,6 +106,11 @@ class App:
     (see :meth:`migration`)."""
     _code_hash: tuple[tuple[object, ...], str] | None = field(default=None, repr=False)
     _topics: TopicNames | None = field(default=None, repr=False, compare=False)
+    _routes: dict[str, tuple[dict[type, Handler], Any]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """Per input topic (full name): its handlers by event type and the type its records decode
+    as, made on the first record of the topic (the sequencer routes every record)."""
 
     def __post_init__(self) -> None:
         from epochal.actors.serializable import READ_HANDLER, ReadKeys, read_handler_parts
@@ -200,6 +205,7 @@ class App:
                 )
             self.handlers[handler.name] = handler
             self._by_fn[fn] = handler
+            self._routes.clear()
             return fn
 
         return register
@@ -298,36 +304,43 @@ class App:
                         f"{actor_type.name} keys are {actor_type.key_type.__name__}",
                         handler=handler.name,
                     )
-                if not _loggable(key):
-                    raise SchemaError(
-                        f"key {key!r} of {actor_type.name} cannot be logged (an int must fit in "
-                        "64 bits, a str must be valid Unicode)",
-                        handler=handler.name,
-                    )
                 refs.add(KeyRef(actor_type.name, key))
-        return tuple(sorted(refs))
+        ordered = tuple(sorted(refs))
+        try:
+            encode(ordered)  # in one call: the command log must hold every key
+        except (OverflowError, UnicodeEncodeError):
+            ref = next(r for r in ordered if not _loggable(r.key))
+            raise SchemaError(
+                f"key {ref.key!r} of {ref.actor_type} cannot be logged (an int must fit in "
+                "64 bits, a str must be valid Unicode)",
+                handler=handler.name,
+            ) from None
+        return ordered
 
     # --- the sequencer's Router ----------------------------------------------------------
 
     def route(self, topic: str, value: bytes) -> Routed:
         """The transaction an input record invokes; SchemaError (to the DLQ) if none."""
-        handlers = self.topic_handlers(topic)
-        if not handlers:
-            raise SchemaError("no transaction reads this topic", topic=topic)
-        event: object
-        if len(handlers) == 1:
-            event = decode(value, handlers[0].event)
-        else:  # several event types on one topic: a msgspec tagged union tells them apart
+        route = self._routes.get(topic)
+        if route is None:
+            handlers = self.topic_handlers(topic)
+            if not handlers:
+                raise SchemaError("no transaction reads this topic", topic=topic)
             types = tuple(h.event for h in handlers)
-            try:
-                event = decode(value, Union[types])  # type: ignore[arg-type]  # noqa: UP007
-            except SchemaError as exc:
-                names = ", ".join(t.__name__ for t in types)
-                kind = "unknown event type" if "`$.type`" in exc.message else "invalid event"
-                reason = f"{kind} (the topic takes {names}): {exc.message}"
-                raise SchemaError(reason, topic=topic) from exc
-        handler = next(h for h in handlers if isinstance(event, h.event))
-        return self._routed(handler, event)
+            union: Any = types[0] if len(types) == 1 else Union[types]  # noqa: UP007
+            route = self._routes[topic] = ({h.event: h for h in handlers}, union)
+        by_type, event_type = route
+        try:
+            event = decode(value, event_type)
+        except SchemaError as exc:
+            if len(by_type) == 1:
+                raise
+            # several event types on one topic: a msgspec tagged union tells them apart
+            names = ", ".join(t.__name__ for t in by_type)
+            kind = "unknown event type" if "`$.type`" in exc.message else "invalid event"
+            reason = f"{kind} (the topic takes {names}): {exc.message}"
+            raise SchemaError(reason, topic=topic) from exc
+        return self._routed(by_type[type(event)], event)
 
     def route_request(self, handler_name: str, event: bytes) -> Routed:
         """The client transaction a request invokes; SchemaError (to the DLQ) if none."""

@@ -26,7 +26,7 @@ import heapq
 from collections.abc import Container, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from epochal.errors import SchemaError, describe_exception
 from epochal.schemas.codec import decode, encode
@@ -70,9 +70,9 @@ class EpochStamp:
     snapshot: bool = False
 
 
-@dataclass(frozen=True)
-class Routed:
-    """A valid record: the handler it invokes, its event as msgpack, its declared keys."""
+class Routed(NamedTuple):
+    """A valid record: the handler it invokes, its event as msgpack, its declared keys (one
+    per input record: a tuple is the cheapest to make)."""
 
     handler: str
     event: bytes
@@ -80,7 +80,9 @@ class Routed:
 
 
 class Router(Protocol):
-    """What the sequencer needs of the application; raises SchemaError with the reason."""
+    """What the sequencer needs of the application; raises SchemaError with the reason. The
+    keys a route declares can be logged (:meth:`App.declared_keys` checks each): the
+    sequencer does not encode them again to find out."""
 
     def route(self, topic: str, value: bytes) -> Routed: ...
 
@@ -146,12 +148,13 @@ class _Batch:
     txns: list[CommandTxn] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     seen: dict[str, int] = field(default_factory=dict)
+    keys: dict[tuple[str, int], str] = field(default_factory=dict)  # of next_offsets, made once
 
     def border(self, record: InputRecord) -> None:
         if self._advance(record):
             return
         try:
-            routed = _loggable(self.router.route(record.topic, record.value))
+            routed = self.router.route(record.topic, record.value)
         except Exception as exc:  # whatever the router raises, this record is a dead letter
             self._dead(record, exc)
             return
@@ -173,7 +176,7 @@ class _Batch:
         if retry:
             return  # its idempotency key was used already: sequenced (or dead) once
         try:
-            routed = _loggable(self.router.route_request(request.handler, request.event))
+            routed = self.router.route_request(request.handler, request.event)
         except Exception as exc:
             self._dead(record, exc)
             return
@@ -193,24 +196,15 @@ class _Batch:
 
     def _advance(self, record: InputRecord) -> bool:
         """Move the position past ``record``; True if it was skipped (now a dead letter)."""
-        position = position_key(record.topic, record.partition)
+        partition = (record.topic, record.partition)
+        position = self.keys.get(partition)
+        if position is None:
+            position = self.keys[partition] = position_key(*partition)
         self.next_offsets[position] = max(self.next_offsets.get(position, 0), record.offset + 1)
         if not self.skipped or (record.topic, record.partition, record.offset) not in self.skipped:
             return False
         self.dead.append(dead_letter(record, SKIPPED_REASON, self.dead_letter_bytes))
         return True
-
-
-def _loggable(routed: Routed) -> Routed:
-    """``routed`` if the command log can hold its keys (a key function may compute an int wider
-    than 64 bits, or a str msgpack refuses); the event is already bytes, encoded by the router."""
-    try:
-        encode(routed.keys)
-    except Exception as exc:
-        raise SchemaError(
-            f"declared keys cannot be logged: {_reason(exc)}", handler=routed.handler
-        ) from exc
-    return routed
 
 
 def _reason(exc: BaseException) -> str:

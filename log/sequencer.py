@@ -396,10 +396,11 @@ class Sequencer:
     def _order(self, state: _State, messages: list[Message], now_ms: int) -> SequencedEpoch:
         inputs: list[InputRecord] = []
         requests: list[InputRecord] = []
+        requests_topic = self.names.requests  # a property: not once per record
         for m in messages:
             record = InputRecord(m.topic() or "", m.partition() or 0, m.offset() or 0,
                                  m.value() or b"", m.key(), _timestamp_ms(m))  # fmt: skip
-            (requests if record.topic == self.names.requests else inputs).append(record)
+            (requests if record.topic == requests_topic else inputs).append(record)
         seed = int.from_bytes(os.urandom(8), "big") >> 1
         stamp = EpochStamp(state.epoch, now_ms, seed, self.code_hash, self.schedule.due(now_ms))
         return order(
