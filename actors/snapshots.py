@@ -8,8 +8,9 @@ every worker's part is in. Epochs go on meanwhile: a snapshot never stalls the l
 
 Where snapshots are stored is a :class:`Snapshots` (``recovery/`` keeps them in Delta Lake);
 the engine never needs to know. With each part goes what the worker's transactions did since the
-last snapshot (:class:`Reported`), for the ``commands`` archive: each worker knows only the
-outcomes its partitions report, worker 0 only archives the epochs.
+last snapshot (:class:`Reported`), for the ``commands`` archive: each worker archives the
+transactions it reported, with their outcomes, so the archive is built by all workers and needs
+no join at the commit.
 """
 
 from __future__ import annotations
@@ -107,10 +108,14 @@ class Snapshots(Protocol):
         commands: Sequence[EpochRecord] = (),
         outbox: Sequence[OutboxRow] = (),
         reported: Sequence[Reported] = (),
+        archived: Sequence[EpochRecord] = (),
     ) -> SnapshotPart:
         """Store one worker's changes for snapshot ``ssid``, not yet visible (any thread), with
-        the epochs it closes (``commands``, worker 0), the egress and dead letters it holds (weak
-        mode) and what its transactions did since the last snapshot (``reported``)."""
+        the egress and dead letters it holds (weak mode) and what its transactions did since
+        the last snapshot (``reported``). The epochs it closes go to the archive either as the
+        transactions of ``reported`` among ``archived`` (each worker: with their outcomes) or
+        whole (``commands``, one part: the outcomes every part reports are joined on at the
+        commit)."""
 
     def outbox(
         self, manifest: Manifest, partitions: Sequence[int], from_epoch: int
@@ -213,16 +218,16 @@ class SnapshotTaker:
         changes: Sequence[Change],
         head: Callable[[SnapshotPart], SnapshotPart],
         *,
-        commands: Sequence[EpochRecord] = (),
+        archived: Sequence[EpochRecord] = (),
         outbox: Sequence[OutboxRow] = (),
         reported: Sequence[Reported] = (),
     ) -> None:
-        """Write ``changes`` (and the log rows, and the outcomes) off the loop; ``head`` adds
-        what worker 0 says of the log."""
+        """Write ``changes`` (and the log rows of what this worker reported) off the loop;
+        ``head`` adds what worker 0 says of the log."""
 
         def work() -> tuple[SnapshotPart, float]:
             started = time.perf_counter()
-            written = self.snapshots.write(ssid, self.worker, changes, commands=commands,
+            written = self.snapshots.write(ssid, self.worker, changes, archived=archived,
                                            outbox=outbox, reported=reported)  # fmt: skip
             part = head(written)
             return part, time.perf_counter() - started

@@ -577,12 +577,11 @@ class _InteriorTicker:
 
 
 class _Snapshotting:
-    """This worker's side of snapshots: hand each cut to the writer thread, with what this
-    worker's transactions did since the last one (their outcomes, for the ``commands`` archive);
-    on worker 0, also collect every worker's part and commit (others send theirs over TCP),
-    keeping the epochs since the last snapshot for the ``commands`` archive. In weak mode,
-    egress and dead letters are held here until the snapshot that covers them commits, then
-    released."""
+    """This worker's side of snapshots: hand each cut to the writer thread, with the epochs
+    since the last one and what this worker's transactions did in them (it archives the
+    transactions it reported, with their outcomes, in ``commands``); on worker 0, also collect
+    every worker's part and commit (others send theirs over TCP). In weak mode, egress and dead
+    letters are held here until the snapshot that covers them commits, then released."""
 
     def __init__(
         self,
@@ -605,7 +604,7 @@ class _Snapshotting:
         engine.on_committed = self.release
         self.taker = SnapshotTaker(worker.snapshots, worker.config.worker, self._written)
         self.last_epoch = 0
-        self._epochs: list[EpochRecord] = []  # worker 0: the epochs since the last snapshot
+        self._epochs: list[EpochRecord] = []  # the epochs since the last snapshot
         self._held: list[OutboxRow] = []  # weak mode: egress since the last snapshot
         self._holding: dict[int, list[OutboxRow]] = {}  # weak mode: per snapshot, until commit
         self._releasing = asyncio.Lock()
@@ -619,8 +618,7 @@ class _Snapshotting:
         return bool(self._tasks)
 
     def archive(self, record: EpochRecord) -> None:
-        if self.committer is not None:
-            self._epochs.append(record)
+        self._epochs.append(record)
 
     def hold(self, logged: LoggedEpoch, result: EpochResult) -> None:
         """Weak mode: this epoch's dead letters (on the worker of their partition) and egress
@@ -636,7 +634,7 @@ class _Snapshotting:
     def take(self, logged: LoggedEpoch, changes: list[Change], carried: list[Emitted]) -> None:
         record, position = logged.record, logged.position + 1
         self.last_epoch = record.epoch
-        commands, self._epochs = self._epochs, []
+        archived, self._epochs = self._epochs, []
         outbox, self._held = self._held, []
         reported = self.engine.take_reported()
         if self.worker.weak:
@@ -649,14 +647,14 @@ class _Snapshotting:
                 part = with_log_position(part, record, position, carried)
                 return msgspec.structs.replace(part, partition_actors=shares, points=points)
 
-            self.taker.take(record.epoch, changes, head, commands=commands, outbox=outbox,
+            self.taker.take(record.epoch, changes, head, archived=archived, outbox=outbox,
                             reported=reported)  # fmt: skip
         else:
 
             def share(part: SnapshotPart) -> SnapshotPart:
                 return msgspec.structs.replace(part, partition_actors=shares)
 
-            self.taker.take(record.epoch, changes, share, outbox=outbox,
+            self.taker.take(record.epoch, changes, share, archived=archived, outbox=outbox,
                             reported=reported)  # fmt: skip
 
     def _written(self, part: SnapshotPart, seconds: float) -> None:

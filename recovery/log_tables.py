@@ -4,9 +4,10 @@
   previous snapshot, so history outlives Kafka retention (and the query issue's ``commands``
   view reads it): handler, the event as canonical bytes and as JSON, keys, where it came from,
   and its outcome. The interior transactions that ran have rows too, from the events their
-  parents emitted (they are never logged). Rows are written without outcomes by whoever
-  archives the epochs (worker 0); each worker knows only the outcomes its partitions report, so
-  the committer joins every worker's onto them (:func:`with_outcomes`) before the commit.
+  parents emitted (they are never logged). A cluster's workers each write the rows of the
+  transactions they report, with their outcomes (:func:`reported_commands_table`). A recovery
+  job that archives epochs apart from running them writes the rows without outcomes, and the
+  committer joins the outcomes its tasks report onto them (:func:`with_outcomes`).
 - ``<app>/outbox``: in weak mode, the egress and the dead letters of the epochs a snapshot
   covers. They are released only once the snapshot commits; a worker that finds a committed
   snapshot whose rows its partition had not yet released (a crash between the two) releases
@@ -38,6 +39,7 @@ __all__ = [
     "outbox_table",
     "outcomes_of",
     "outcomes_table",
+    "reported_commands_table",
     "with_outcomes",
 ]
 
@@ -95,12 +97,47 @@ def commands_table(app: App, ssid: int, records: Sequence[EpochRecord]) -> pa.Ta
     row with ``seq`` -1 and ``origin`` "" (interior transactions, which are never logged, may
     run in it: they have rows of their own, :func:`interior_table`). ``txn`` is the transaction
     as the log holds it (its event's canonical bytes included), so :func:`epochs_of` gives back
-    the epochs for replay.
-
-    Built column by column (worker 0 archives every transaction, on the snapshot writer's
-    thread, which shares the GIL with the epoch loop): no dict per row."""
+    the epochs for replay."""
     txns = [(r, t) for r in records for t in r.txns]
-    empty = [r for r in records if not r.txns]
+    return _logged_rows(app, ssid, txns, [r for r in records if not r.txns], None)
+
+
+def reported_commands_table(
+    app: App, ssid: int, records: Sequence[EpochRecord], reported: Sequence[Reported],
+    empty_epochs: bool,
+) -> pa.Table:  # fmt: skip
+    """The rows of :func:`commands_table` of the logged transactions one worker reported (each
+    transaction has one reporter), with their outcomes: no join at the commit. The rows of
+    epochs without logged transactions come from one worker only (``empty_epochs``)."""
+    by_epoch = {r.epoch: r for r in reported}
+    txns: list[tuple[EpochRecord, CommandTxn]] = []
+    committed: list[bool] = []
+    reasons: list[str] = []
+    for record in records:
+        report = by_epoch.get(record.epoch)
+        if report is None:
+            continue
+        logged = record.txns
+        for seq in report.seqs:
+            if seq >= 0:
+                txns.append((record, logged[seq]))
+                reason = report.aborted.get(seq)
+                committed.append(reason is None)
+                reasons.append(reason or "")
+    empty = [r for r in records if not r.txns] if empty_epochs else []
+    return _logged_rows(app, ssid, txns, empty, (committed, reasons))
+
+
+def _logged_rows(
+    app: App,
+    ssid: int,
+    txns: Sequence[tuple[EpochRecord, CommandTxn]],
+    empty: Sequence[EpochRecord],
+    outcomes: tuple[list[bool], list[str]] | None,
+) -> pa.Table:
+    """Rows of logged transactions, and one per epoch in ``empty``, with ``outcomes`` (else
+    null). Built column by column (on the snapshot writer's thread, which shares the GIL with
+    the epoch loop): no dict per row."""
     as_json = _EventJson(app)
     sources = [t.source for _, t in txns]
     none: list[None] = [None] * len(empty)
@@ -121,6 +158,9 @@ def commands_table(app: App, ssid: int, records: Sequence[EpochRecord]) -> pa.Ta
         "seed": [r.seed for r, _ in txns] + [r.seed for r in empty],
         "txn": [encode_canonical(t) for _, t in txns] + none,
     }
+    if outcomes is not None:
+        columns["committed"] = outcomes[0] + none
+        columns["reason"] = outcomes[1] + none
     rows = len(columns["ssid"])
     return pa.table(
         [pa.array(columns[f.name], f.type) if f.name in columns else pa.nulls(rows, f.type)

@@ -55,6 +55,7 @@ from epochal.recovery.log_tables import (
     outbox_table,
     outcomes_of,
     outcomes_table,
+    reported_commands_table,
     with_outcomes,
 )
 from epochal.recovery.schema_evolution import app_schemas, evolve_table, migrations_for
@@ -250,13 +251,16 @@ class DeltaSnapshots:
         commands: Sequence[EpochRecord] = (),
         outbox: Sequence[OutboxRow] = (),
         reported: Sequence[Reported] = (),
+        archived: Sequence[EpochRecord] = (),
     ) -> SnapshotPart:
         """Write ``changes`` (one worker's, at the end of epoch ``ssid``) as uncommitted Parquet
-        files; the part says where they are and what they add to the digest. ``commands`` (worker
-        0: the epochs since the last snapshot) and ``outbox`` (weak mode: the egress these epochs
-        hold back) go to the log tables the same way; so do the interior transactions in
-        ``reported`` (what this worker's transactions did since the last snapshot), whose
-        outcomes the part carries for the committer to join onto ``commands``."""
+        files; the part says where they are and what they add to the digest. The log tables
+        get their rows the same way: ``outbox`` (weak mode: the egress these epochs hold back),
+        the interior transactions in ``reported`` (what this worker's transactions did since
+        the last snapshot), and the epochs since the last snapshot, either as the logged
+        transactions of ``reported`` among ``archived`` with their outcomes (a cluster's
+        workers, worker 0 adding the epochs without any) or whole (``commands``: then the part
+        carries the outcomes of ``reported`` for the committer to join onto them)."""
         by_type: dict[str, list[tuple[ActorKey, bytes | None]]] = {}
         delta = 0
         for change in changes:
@@ -268,8 +272,12 @@ class DeltaSnapshots:
         )
         logs = []
         archive = [commands_table(self.app, ssid, commands)] if commands else []
+        if archived:
+            archive.append(reported_commands_table(self.app, ssid, archived, reported,
+                                                   empty_epochs=worker == 0))  # fmt: skip
         if any(r.interior for r in reported):
             archive.append(interior_table(self.app, ssid, reported))
+        archive = [table for table in archive if table.num_rows]
         if archive:
             table = pa.concat_tables(archive)
             logs.append(self._write_log("commands", table, worker))
@@ -277,7 +285,8 @@ class DeltaSnapshots:
                 self._unjoined[logs[-1].path] = table
         if outbox:
             logs.append(self._write_log("outbox", outbox_table(ssid, outbox), worker))
-        outcomes = msgspec.msgpack.encode(outcomes_of(reported)) if reported else b""
+        joined = reported and not archived  # archived rows carry their outcomes already
+        outcomes = msgspec.msgpack.encode(outcomes_of(reported)) if joined else b""
         return SnapshotPart(ssid, worker, files, DigestSum(delta).hex(), len(changes),
                             logs=tuple(logs), outcomes=outcomes)  # fmt: skip
 

@@ -68,9 +68,13 @@ def _log(epochs: int = 10, seed: int = 3) -> list[EpochRecord]:
     return records
 
 
-async def _two_workers(records: list[EpochRecord], snapshots: DeltaSnapshots) -> list[Manifest]:
-    """Two engines over TCP; at each snapshot epoch each writes its part with what it reported,
-    worker 0 with the epochs since the last snapshot, and the parts are committed together."""
+async def _two_workers(
+    records: list[EpochRecord], snapshots: DeltaSnapshots, joined: bool = False
+) -> list[Manifest]:
+    """Two engines over TCP; at each snapshot epoch each writes its part with what it reported
+    and the epochs since the last snapshot, as a cluster's workers do (each archives what it
+    reported), or ``joined``, as a recovery job does (worker 0 archives the epochs, the
+    committer joins the outcomes on), and the parts are committed together."""
     base = free_port_pair()
     addresses = [f"127.0.0.1:{base + w}" for w in range(2)]
     engines: list[Engine] = []
@@ -84,9 +88,11 @@ async def _two_workers(records: list[EpochRecord], snapshots: DeltaSnapshots) ->
             results = await asyncio.gather(*(e.run_epoch(record) for e in engines))
             if results[0].changes is None:
                 continue
+            epochs = records[since : position + 1]
             parts = [
                 snapshots.write(record.epoch, w, result.changes or [],
-                                commands=records[since : position + 1] if w == 0 else (),
+                                commands=epochs if joined and w == 0 else (),
+                                archived=() if joined else epochs,
                                 reported=engines[w].take_reported())
                 for w, result in enumerate(results)
             ]  # fmt: skip
@@ -111,11 +117,14 @@ def _archive(snapshots: DeltaSnapshots, manifest: Manifest) -> pa.Table:
     return DeltaTable(uri, version=manifest.log_versions["commands"]).to_pyarrow_table()
 
 
-def test_the_archive_holds_every_transaction_with_the_oracles_outcome(tmp_path: Path) -> None:
+@pytest.mark.parametrize("joined", [False, True], ids=["by-reporter", "joined"])
+def test_the_archive_holds_every_transaction_with_the_oracles_outcome(
+    tmp_path: Path, joined: bool
+) -> None:
     records = _log()
     oracle = SerialOracle(app).run(records)
     snapshots = _snapshots(tmp_path)
-    manifests = asyncio.run(_two_workers(records, snapshots))
+    manifests = asyncio.run(_two_workers(records, snapshots, joined))
     assert [m.ssid for m in manifests] == [2, 5, 8]
     rows = _archive(snapshots, manifests[-1]).to_pylist()
 
