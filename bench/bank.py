@@ -603,7 +603,7 @@ def _run_all(args: argparse.Namespace, bootstrap: str, setups: list[Setup]) -> d
         runs: dict[Setup, list[dict[str, Any]]] = {s: [] for s in setups}
         for repeat in range(args.repeats):
             for i, setup in enumerate(setups):
-                port = 7700 + 10 * i + 100 * repeat
+                port = 20_000 + 10 * i + 100 * repeat  # clear of the query ports (7700 on)
                 runs[setup].append(run_once(
                     bootstrap, setup.workers, args.transfers, args.accounts, port,
                     checkout=setup.checkout, snapshots=setup.snapshots,
@@ -620,7 +620,7 @@ def _run_all(args: argparse.Namespace, bootstrap: str, setups: list[Setup]) -> d
         steady: dict[Setup, list[dict[str, Any]]] = {s: [] for s in setups}
         for repeat in range(args.repeats):
             for i, setup in enumerate(setups):
-                port = 8700 + 10 * i + 100 * repeat
+                port = 21_000 + 10 * i + 100 * repeat
                 console.print(f"steady {rate:,}/s for {args.seconds:.0f} s: {setup.label}")
                 steady[setup].append(run_steady(
                     bootstrap, setup, rate=rate, seconds=args.seconds, warmup=args.warmup,

@@ -49,8 +49,19 @@ def check_broker(kafka: KafkaConfig, timeout_s: float) -> None:
 
 
 def check_ports(bindings: Sequence[Binding]) -> None:
-    """Each address can be listened on now; a host that is not this machine's is skipped (its
-    own ``epochal run`` checks it)."""
+    """No two listeners of the cluster share a port, and each address can be listened on now;
+    a host that is not this machine's is skipped (its own ``epochal run`` checks it)."""
+    claimed: dict[str, list[Binding]] = {}
+    for binding in bindings:
+        port = binding.address.rpartition(":")[2]
+        for first in claimed.setdefault(port, []):
+            if _same_host(first.address, binding.address):
+                raise ConfigError(
+                    f"port {port} is asked for twice: {first.listener.purpose} of {first.owner} "
+                    f"({first.listener.flag}) and {binding.listener.purpose} of "
+                    f"{binding.owner} ({binding.listener.flag}); give one of them other ports"
+                )
+        claimed[port].append(binding)
     for binding in bindings:
         host, _, port = binding.address.rpartition(":")
         try:
@@ -60,6 +71,12 @@ def check_ports(bindings: Sequence[Binding]) -> None:
             if exc.errno == errno.EADDRNOTAVAIL:
                 continue  # another host's address
             raise BindError.of(exc, binding.address, binding.listener, binding.owner) from exc
+
+
+def _same_host(one: str, other: str) -> bool:
+    """Two addresses on one machine's port space (a wildcard host takes every interface)."""
+    hosts = {one.rpartition(":")[0], other.rpartition(":")[0]}
+    return len(hosts) == 1 or bool(hosts & {"0.0.0.0", "", "::", "[::]"})
 
 
 def check_warehouse(config: SnapshotConfig, app: str) -> None:

@@ -88,6 +88,24 @@ def test_a_taken_port_is_refused_at_start_naming_what_it_is_for() -> None:
     )
 
 
+def test_two_listeners_of_the_cluster_on_one_port_are_refused_naming_both_flags() -> None:
+    """``--port-base 7700`` beside the default ``--query-port 7700``: each port is free, but
+    worker 0 would take it twice; a wildcard host shares every interface's ports."""
+    port = free_ports(2)
+    peers = Binding(f"127.0.0.1:{port}", Listener.PEERS, "worker 0")
+    queries = Binding(f"127.0.0.1:{port}", Listener.QUERIES, "worker 0")
+    with pytest.raises(ConfigError) as refused:
+        check_ports([peers, queries])
+    assert str(refused.value) == (
+        f"port {port} is asked for twice: connections from peer workers of worker 0 "
+        "(--port-base or --peers) and live queries of worker 0 (--query-port); give one of "
+        "them other ports"
+    )
+    with pytest.raises(ConfigError, match="asked for twice"):
+        check_ports([peers, Binding(f"0.0.0.0:{port}", Listener.METRICS, "the supervisor")])
+    check_ports([peers, Binding(f"127.0.0.1:{port + 1}", Listener.QUERIES, "worker 0")])
+
+
 def test_a_port_taken_later_is_a_bind_error_from_every_server() -> None:
     holder, address = _taken()
     port = int(address.rpartition(":")[2])
