@@ -14,6 +14,7 @@ supervisor and its children) from whatever has their pids now: :func:`kill_earli
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import re
@@ -28,6 +29,7 @@ import setproctitle
 
 __all__ = [
     "child_logging",
+    "collect_less",
     "die_with_parent",
     "is_title_of",
     "kill_earlier",
@@ -48,6 +50,17 @@ def die_with_parent(parent_pid: int) -> None:
         ).start()
     if os.getppid() != parent_pid:  # the parent died before the signal was armed
         _die()
+
+
+def collect_less() -> None:
+    """Once a worker or sequencer has started (its imports and app loaded): what exists now lives
+    as long as the process, so Python's cycle collector stops walking it (``gc.freeze``), and
+    it runs a young collection per 50,000 allocations instead of 700, a full one a tenth as
+    often. The hot path allocates many short-lived objects and few cycles (an aborted
+    transaction's exception), so collections were spent walking what never dies."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 def child_logging() -> None:

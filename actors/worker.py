@@ -46,6 +46,7 @@ from epochal.actors.egress import (
     stage_egress,
 )
 from epochal.actors.engine import Engine, EpochResult, partitions_of
+from epochal.actors.lifecycle import collect_less
 from epochal.actors.outcome import Emitted
 from epochal.actors.outcome_metrics import count_outcomes
 from epochal.actors.partitioning import KeyRanges
@@ -140,6 +141,7 @@ class Worker:
             port = self.config.metrics_port + self.config.worker
             serve_metrics(self.metrics, port, f"worker {self.config.worker}")
         member = worker_member(self.clients, self.config, self.app.topics.command_log)
+        collect_less()
         try:
             import uvloop
 

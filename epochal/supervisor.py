@@ -61,7 +61,13 @@ from msgspec.structs import replace as replace_struct
 from epochal.actors.api import App, load_app
 from epochal.actors.egress import layout_in_force, prepare_egress
 from epochal.actors.layout import worker_cpus
-from epochal.actors.lifecycle import child_logging, die_with_parent, kill_earlier, set_title
+from epochal.actors.lifecycle import (
+    child_logging,
+    collect_less,
+    die_with_parent,
+    kill_earlier,
+    set_title,
+)
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.transport import TransportError
 from epochal.config import (
@@ -239,6 +245,7 @@ def _sequencer_main(config: ClusterConfig, name: MemberName, parent: int) -> Non
         pulse.beat(time.monotonic())
         return stop()
 
+    collect_less()
     try:
         with _child_failures("sequencer", _unrecoverable_file(config, app.name), stop):
             sequencer.run(should_stop)
