@@ -88,7 +88,21 @@ OUTBOX_SCHEMA = pa.schema([
 
 
 def _keys(keys: Sequence[KeyRef]) -> list[str]:
-    return [f"{k.actor_type}:{k.key!r}" for k in keys]
+    return [_key_text(k) for k in keys]
+
+
+def _key_text(key: KeyRef) -> str:
+    """``Type:repr(key)``, remembered: the same actors recur in every snapshot's rows."""
+    text = _KEY_TEXTS.get(key)
+    if text is None:
+        if len(_KEY_TEXTS) >= _KEY_TEXTS_MAX:
+            _KEY_TEXTS.clear()
+        text = _KEY_TEXTS[key] = f"{key.actor_type}:{key.key!r}"
+    return text
+
+
+_KEY_TEXTS: dict[KeyRef, str] = {}
+_KEY_TEXTS_MAX = 200_000
 
 
 def commands_table(app: App, ssid: int, records: Sequence[EpochRecord]) -> pa.Table:
@@ -147,7 +161,7 @@ def _logged_rows(
         "time": [r.now_ms for r, _ in txns] + [r.now_ms for r in empty],
         "seq": [t.seq for _, t in txns] + [-1] * len(empty),
         "handler": [t.handler for _, t in txns] + [""] * len(empty),
-        "event_json": [as_json(t.handler, t.event) for _, t in txns] + none,
+        "event_json": as_json.many([(t.handler, t.event) for _, t in txns]) + none,
         "keys": [_keys(t.keys) for _, t in txns] + [[] for _ in empty],
         "origin": [_ORIGINS[t.origin] for _, t in txns] + [""] * len(empty),
         "source_topic": [s.topic if s else None for s in sources] + none,
@@ -192,8 +206,36 @@ class _EventJson:
         except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError):
             return None
 
+    def many(self, events: Sequence[tuple[str, bytes]]) -> list[bytes | None]:
+        """:meth:`__call__` of each ``(handler, event)``, as UTF-8 bytes: the events of each
+        handler decoded in one call and encoded as JSON lines in one more (a batch with an
+        event that no longer decodes is done one by one)."""
+        out: list[bytes | None] = [None] * len(events)
+        by_handler: dict[str, list[int]] = {}
+        for i, (handler, _) in enumerate(events):
+            by_handler.setdefault(handler, []).append(i)
+        for handler, rows in by_handler.items():
+            known = self.app.handlers.get(handler)
+            if known is None:
+                continue
+            array = b"\xdd" + len(rows).to_bytes(4, "big") + b"".join(events[i][1] for i in rows)
+            lines: list[bytes | None]
+            try:
+                decoder: Any = msgspec.msgpack.Decoder(list[known.event])  # type: ignore[name-defined]
+                lines = list(_json_lines(decoder.decode(array)).split(b"\n")[:-1])
+            except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError):
+                lines = [_utf8(self(handler, events[i][1])) for i in rows]
+            for i, line in zip(rows, lines, strict=True):
+                out[i] = line
+        return out
+
+
+def _utf8(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
+
 
 _json_encode = msgspec.json.Encoder().encode
+_json_lines = msgspec.json.Encoder().encode_lines
 
 
 def interior_table(app: App, ssid: int, reported: Sequence[Reported]) -> pa.Table:
