@@ -21,7 +21,7 @@ import msgspec
 
 from epochal.actors.api import App
 from epochal.actors.digest import DigestSum
-from epochal.actors.executor import EpochExecutor, Reads, split_plan
+from epochal.actors.executor import EpochExecutor, Reads, runs_on, split_plan
 from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import EpochClock, emitted_by, plan_epoch
@@ -170,7 +170,8 @@ class Engine:
     async def run_epoch(self, record: EpochRecord) -> EpochResult:
         clock = EpochClock.of(record)
         carried = self.carried
-        plan = plan_epoch(self.app, record, carried)
+        runs_here = runs_on(self.ranges, self.worker_of, self.worker)
+        plan = plan_epoch(self.app, record, carried, runs_here)
         steps = split_plan(plan, self.ranges, self.worker_of, self.worker)
         ran = self.ran
         for step in steps:

@@ -23,7 +23,7 @@ global order, so each wait is on a transaction that every participant reaches.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,7 +36,7 @@ from epochal.actors.store import StateStore
 from epochal.actors.watchdog import RUNNING
 from epochal.schemas.commands import KeyRef, PartitionId
 
-__all__ = ["EpochExecutor", "Exchange", "Reads", "Step", "split_plan"]
+__all__ = ["EpochExecutor", "Exchange", "Reads", "Step", "runs_on", "split_plan"]
 
 Reads = dict[KeyRef, bytes | None]
 
@@ -63,6 +63,23 @@ class Step:
     partitions: tuple[PartitionId, ...]
     reporter: PartitionId | None
     sent: bool = False
+
+
+def runs_on(
+    ranges: KeyRanges, worker_of: Sequence[int], worker: int
+) -> Callable[[tuple[KeyRef, ...]], bool] | None:
+    """Whether a transaction with these keys runs on ``worker`` (one that touches a key of its
+    partitions, or partition 0's worker for one without keys); None when it runs everything."""
+    if all(w == worker for w in worker_of):
+        return None
+    points, mine = ranges.partition_of, {p for p, w in enumerate(worker_of) if w == worker}
+
+    def runs_here(keys: tuple[KeyRef, ...]) -> bool:
+        if not keys:
+            return worker_of[0] == worker
+        return any(points(ref) in mine for ref in keys)
+
+    return runs_here
 
 
 def split_plan(

@@ -9,7 +9,7 @@ when the parent emitted them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -17,7 +17,7 @@ import msgspec
 from epochal.actors.api import App, Handler
 from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.errors import RecoveryError
-from epochal.schemas.commands import EpochRecord, InputPosition, KeyRef, Origin
+from epochal.schemas.commands import CommandTxn, EpochRecord, InputPosition, KeyRef, Origin
 
 __all__ = [
     "Emitted",
@@ -96,40 +96,38 @@ def _handler(app: App, name: str, epoch: int, seq: int) -> Handler:
         ) from None  # fmt: skip
 
 
-def _interior(
-    app: App, epoch: int, carried: list[Emitted], skipped: dict[int, str]
+def plan_epoch(
+    app: App,
+    record: EpochRecord,
+    carried: list[Emitted],
+    runs_here: Callable[[tuple[KeyRef, ...]], bool] | None = None,
 ) -> list[Invocation]:
-    out = []
-    for seq, emitted in interior_seqs(carried):
-        handler = _handler(app, emitted.handler, epoch, seq)
-        event, error = (None, skipped[seq]) if seq in skipped else _decoded(handler, emitted.event)
-        out.append(
-            Invocation(
-                epoch, seq, handler, event, emitted.keys, Origin.INTERIOR, error,
-                emitted.source, emitted.request_id,
-            )
-        )  # fmt: skip
-    return out
-
-
-def plan_epoch(app: App, record: EpochRecord, carried: list[Emitted]) -> list[Invocation]:
     """Interior transactions first, then the logged ones in seq order; those an operator
-    skipped (``record.skipped``) abort with the reason, unread."""
-    skipped = record.skipped
-    plan = _interior(app, record.epoch, carried, skipped)
+    skipped (``record.skipped``) abort with the reason, unread. With ``runs_here``, only the
+    transactions whose keys it accepts: a worker decodes the events of its own alone."""
+    epoch, skipped = record.epoch, record.skipped
+    plan = []
+    for seq, emitted in interior_seqs(carried):
+        if runs_here is None or runs_here(emitted.keys):
+            plan.append(_invocation(app, epoch, seq, emitted, skipped, origin=Origin.INTERIOR))
     for txn in record.txns:
-        handler = _handler(app, txn.handler, record.epoch, txn.seq)
-        if txn.seq in skipped:  # an operator sent it to the dead letters: it aborts as planned
-            event, error = None, skipped[txn.seq]
-        else:
-            event, error = _decoded(handler, txn.event)
-        plan.append(
-            Invocation(
-                record.epoch, txn.seq, handler, event, txn.keys, txn.origin, error,
-                txn.source, txn.request_id,
-            )
-        )  # fmt: skip
+        if runs_here is None or runs_here(txn.keys):
+            plan.append(_invocation(app, epoch, txn.seq, txn, skipped, origin=txn.origin))
     return plan
+
+
+def _invocation(
+    app: App, epoch: int, seq: int, txn: CommandTxn | Emitted, skipped: Mapping[int, str], *,
+    origin: Origin,
+) -> Invocation:  # fmt: skip
+    """The invocation of a logged transaction, or of an interior one at ``seq``."""
+    handler = _handler(app, txn.handler, epoch, seq)
+    if seq in skipped:  # an operator sent it to the dead letters: it aborts as planned
+        event, error = None, skipped[seq]
+    else:
+        event, error = _decoded(handler, txn.event)
+    return Invocation(epoch, seq, handler, event, txn.keys, origin, error, txn.source,
+                      txn.request_id)  # fmt: skip
 
 
 def ensure_same_code(record: EpochRecord, running: str, allowed: bool = False) -> None:

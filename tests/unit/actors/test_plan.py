@@ -1,6 +1,13 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from epochal.actors.executor import runs_on, split_plan
 from epochal.actors.outcome import Emitted, TxnOutcome
+from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import emitted_by, plan_epoch
 from epochal.schemas.canonical import encode_canonical
 from epochal.schemas.commands import EpochRecord, InputPosition, KeyRef, Origin
@@ -54,3 +61,24 @@ def test_an_event_that_no_longer_decodes_is_a_planned_abort() -> None:
     broken = EpochRecord(0, 0, 0, "", (type(txn)(0, "deposit", b"\xc1", txn.keys),))
     (invocation,) = plan_epoch(app, broken, [])
     assert invocation.error.startswith("event no longer decodes as Deposit")
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 39), max_size=4), max_size=20),
+    st.sampled_from([(0, 1, 0, 1), (1, 0, 0, 1), (0, 0, 1, 1), (1, 1, 1, 0)]),
+)
+def test_a_worker_plans_exactly_the_transactions_it_runs(
+    key_sets: list[list[int]], worker_of: tuple[int, ...]
+) -> None:
+    """What a worker decodes (``runs_on``) is what its split keeps, keyless transactions (which
+    partition 0's worker runs) included."""
+    ranges = KeyRanges.even(app, len(worker_of))
+    for worker in (0, 1):
+        runs_here = runs_on(ranges, worker_of, worker)
+        assert runs_here is not None
+        for accounts in key_sets:
+            keys = tuple(sorted({KeyRef("Account", a) for a in accounts}))
+            (invocation,) = plan_epoch(app, command_log([[], [Deposit(1, 5)]])[1], [])
+            step = split_plan([replace(invocation, keys=keys)], ranges, worker_of, worker)
+            assert runs_here(keys) == bool(step), (keys, worker)
+    assert runs_on(ranges, (0, 0, 0, 0), 0) is None  # one worker runs everything
