@@ -36,7 +36,7 @@ class Emitted(msgspec.Struct, frozen=True, array_like=True):
     result: bytes = b""
 
 
-@dataclass
+@dataclass(slots=True)
 class TxnOutcome:
     """What a transaction did: committed or not (and why), its writes, emits and egress.
 

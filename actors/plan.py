@@ -43,7 +43,7 @@ class EpochClock:
         return cls(record.epoch, record.now_ms, record.seed)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's init costs a setattr per field
 class Invocation:
     """One transaction to run at ``(epoch, seq)``; ``error`` set means it aborts as planned.
 
