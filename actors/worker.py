@@ -197,7 +197,11 @@ class Worker:
                 for logged in epochs:
                     await self._epoch(engine, logged, writers, taking, progress)
                 recovery.after_poll(progress.next, bool(epochs))
-                due = time.monotonic() - progress.committed_at >= config.egress_interval_ms / 1000
+                # egress goes out on an interval, or at once when the log is read to its end
+                # (nothing to batch it with, and waiting is all latency)
+                due = (bool(epochs) and poller.drained) or (
+                    time.monotonic() - progress.committed_at >= config.egress_interval_ms / 1000
+                )
                 if due and not self.weak:  # weak: egress goes out when a snapshot commits
                     await progress.commit(writers)
                 ticker.after_poll(bool(epochs), progress.epoch - 1, bool(engine.carried))

@@ -294,7 +294,8 @@ class WorkerConfig:
     ``peers[w]`` is worker w's ``host:port`` for the exchange between workers (from config, so
     the workers may live on several hosts). ``generation`` is the cluster generation this worker
     belongs to; frames of another generation are dropped. Egress commits every
-    ``egress_interval_ms`` (or sooner, under a backlog). When interior transactions wait and no
+    ``egress_interval_ms``, sooner under a backlog, and at once when the worker has read the
+    command log to its end. When interior transactions wait and no
     epoch has come for ``interior_tick_ms``, worker 0 asks the sequencer for one. ``cpu`` pins
     the process when set. ``metrics_port`` 0 disables the Prometheus endpoint. ``run_id`` names
     the run this worker belongs to in the cluster's group (empty: the worker joins no group); a

@@ -154,10 +154,20 @@ class EpochPoller:
         self._clients = clients
         self._consumer = clients.assigned_consumer(topic, {0: start}, **_READER)
         self._assembler = EpochAssembler()
+        self.drained = False  # the last poll read all the log held then
 
     def poll(self, timeout_s: float, max_chunks: int = 500) -> list[LoggedEpoch]:
+        """The epochs the chunks read complete: those that have arrived (up to
+        ``max_chunks``), or if none has, the first to arrive within ``timeout_s`` and what came
+        with it. ``consume`` alone would wait out the timeout for a whole batch, and a quiet
+        log's every epoch with it."""
+        messages = self._consumer.consume(num_messages=max_chunks, timeout=0)
+        if not messages:
+            first = self._consumer.poll(timeout_s)
+            messages = [] if first is None else [first, *self._consumer.consume(max_chunks - 1, 0)]
+        self.drained = len(messages) < max_chunks
         out = []
-        for message in self._consumer.consume(num_messages=max_chunks, timeout=timeout_s):
+        for message in messages:
             if message.error() is not None:
                 raise self._clients.consume_error(message, "reading the command log failed")
             logged = self._assembler.add(message.offset() or 0, message.value() or b"")

@@ -183,6 +183,7 @@ class EpochFeed:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.sendall(_frame(msgspec.msgpack.encode(hello)))
         self._buffer = bytearray()
+        self.drained = False  # the last poll took all the feed had sent
         self._decoder = msgspec.msgpack.Decoder(FedEpoch)
 
     def poll(self, timeout_s: float, max_epochs: int = 16) -> list[LoggedEpoch]:
@@ -205,6 +206,7 @@ class EpochFeed:
                 self._sock.settimeout(0.0 if out else timeout_s)
                 continue
             out.append(LoggedEpoch(fed.record.epoch, fed.record, fed.dead))
+        self.drained = len(out) < max_epochs
         return out
 
     def _next_frame(self) -> FedEpoch | None:
