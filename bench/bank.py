@@ -59,7 +59,7 @@ from rich.table import Table
 
 from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, cache_dir_from_env
 from epochal.jvm import JarSet, fetch_jars
-from epochal.log.client import KafkaClients
+from epochal.log.client import KafkaClients, arrived
 from epochal.log.local_broker import LocalBroker
 from epochal.schemas.codec import decode
 from epochal.schemas.egress import EgressRecord
@@ -93,7 +93,7 @@ def count_egress(
     seen, first, last = 0, 0.0, 0.0
     deadline = time.monotonic() + 600
     while seen < transfers and time.monotonic() < deadline:
-        batch = consumer.consume(10_000, 0.2)
+        batch = arrived(consumer, 10_000, 0.2)
         if batch:
             now = time.monotonic()
             first = first or now
@@ -389,7 +389,7 @@ class EgressWatcher(threading.Thread):
 
     def run(self) -> None:
         while not self.stopping.is_set():
-            for message in self.consumer.consume(10_000, 0.05):
+            for message in arrived(self.consumer, 10_000, 0.05):
                 if message.error() is not None:
                     continue
                 seen = time.time() * 1000

@@ -30,7 +30,14 @@ from confluent_kafka.cimpl import NewTopic
 from epochal.config import KafkaConfig
 from epochal.errors import BrokerUnavailableError, EpochalError, LogError, LogTruncatedError
 
-__all__ = ["FOREVER", "FoldRepeats", "KafkaClients", "translate_kafka_error", "truncated_error"]
+__all__ = [
+    "FOREVER",
+    "FoldRepeats",
+    "KafkaClients",
+    "arrived",
+    "translate_kafka_error",
+    "truncated_error",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -336,6 +343,17 @@ class KafkaClients:
             raise translate_kafka_error(
                 exc, "no metadata answer", bootstrap=self.config.bootstrap_servers
             ) from exc
+
+
+def arrived(consumer: Consumer, max_messages: int, timeout_s: float) -> list[Message]:
+    """The messages that have arrived (up to ``max_messages``), or if none has, the first to
+    arrive within ``timeout_s`` and what came with it. ``consume`` alone waits out its whole
+    timeout for a full batch: every message of a quiet topic would wait it too."""
+    messages = consumer.consume(num_messages=max_messages, timeout=0)
+    if messages:
+        return messages
+    first = consumer.poll(timeout_s)
+    return [] if first is None else [first, *consumer.consume(max_messages - 1, 0)]
 
 
 def _isolation(committed: bool) -> str:

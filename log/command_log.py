@@ -27,7 +27,7 @@ import msgspec
 from confluent_kafka import TopicPartition
 
 from epochal.errors import LogError, LogTruncatedError
-from epochal.log.client import KafkaClients, truncated_error
+from epochal.log.client import KafkaClients, arrived, truncated_error
 from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import DeadLetter, EpochRecord
 from epochal.schemas.snapshots import Manifest
@@ -157,14 +157,8 @@ class EpochPoller:
         self.drained = False  # the last poll read all the log held then
 
     def poll(self, timeout_s: float, max_chunks: int = 500) -> list[LoggedEpoch]:
-        """The epochs the chunks read complete: those that have arrived (up to
-        ``max_chunks``), or if none has, the first to arrive within ``timeout_s`` and what came
-        with it. ``consume`` alone would wait out the timeout for a whole batch, and a quiet
-        log's every epoch with it."""
-        messages = self._consumer.consume(num_messages=max_chunks, timeout=0)
-        if not messages:
-            first = self._consumer.poll(timeout_s)
-            messages = [] if first is None else [first, *self._consumer.consume(max_chunks - 1, 0)]
+        """The epochs the chunks that have arrived complete (:func:`arrived`)."""
+        messages = arrived(self._consumer, max_chunks, timeout_s)
         self.drained = len(messages) < max_chunks
         out = []
         for message in messages:

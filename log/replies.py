@@ -17,7 +17,7 @@ from confluent_kafka import TopicPartition
 
 from epochal.config import KafkaConfig
 from epochal.errors import QueryUnavailableError, SchemaError
-from epochal.log.client import KafkaClients
+from epochal.log.client import KafkaClients, arrived
 from epochal.log.topics import TopicNames
 from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import ClientRequest
@@ -76,7 +76,7 @@ class RequestChannel:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            for message in self.consumer.consume(num_messages=500, timeout=0.1):
+            for message in arrived(self.consumer, 500, 0.1):
                 if message.error() is not None or message.value() is None:
                     continue
                 try:
