@@ -1,10 +1,11 @@
 """The ``commands`` archive carries each transaction's outcome (issue #8: the ``commands`` view
 shows the archived command log with its outcomes).
 
-Two workers over real TCP each know only the outcomes their partitions report; worker 0 alone
-archives the epochs; the commit joins every worker's outcomes onto the archive. For every
-archived transaction, interior ones and aborted ones included, the outcome equals the serial
-oracle's. An archive written before the columns existed gains them, its old rows null, and
+Two workers over real TCP each know only the outcomes their partitions report: each archives
+the transactions it reports, with their outcomes (as a cluster does), or worker 0 archives the
+epochs and the commit joins every worker's outcomes on (as a recovery job does). Either way,
+for every archived transaction, interior ones and aborted ones included, the outcome equals
+the serial oracle's. An archive written before the columns existed gains them, its old rows null, and
 still reads back as epochs (delta-rs and Spark)."""
 
 from __future__ import annotations
