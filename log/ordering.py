@@ -148,7 +148,7 @@ class _Batch:
     txns: list[CommandTxn] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     seen: dict[str, int] = field(default_factory=dict)
-    keys: dict[tuple[str, int], str] = field(default_factory=dict)  # of next_offsets, made once
+    position_keys: dict[tuple[str, int], str] = field(default_factory=dict)  # made once each
 
     def border(self, record: InputRecord) -> None:
         if self._advance(record):
@@ -197,9 +197,9 @@ class _Batch:
     def _advance(self, record: InputRecord) -> bool:
         """Move the position past ``record``; True if it was skipped (now a dead letter)."""
         partition = (record.topic, record.partition)
-        position = self.keys.get(partition)
+        position = self.position_keys.get(partition)
         if position is None:
-            position = self.keys[partition] = position_key(*partition)
+            position = self.position_keys[partition] = position_key(*partition)
         self.next_offsets[position] = max(self.next_offsets.get(position, 0), record.offset + 1)
         if not self.skipped or (record.topic, record.partition, record.offset) not in self.skipped:
             return False
