@@ -5,8 +5,8 @@ Two workers over real TCP each know only the outcomes their partitions report: e
 the transactions it reports, with their outcomes (as a cluster does), or worker 0 archives the
 epochs and the commit joins every worker's outcomes on (as a recovery job does). Either way,
 for every archived transaction, interior ones and aborted ones included, the outcome equals
-the serial oracle's. An archive written before the columns existed gains them, its old rows null, and
-still reads back as epochs (delta-rs and Spark)."""
+the serial oracle's. An archive written before the columns existed gains them, its old rows
+null, and still reads back as epochs (delta-rs and Spark)."""
 
 from __future__ import annotations
 
