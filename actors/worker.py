@@ -520,9 +520,11 @@ class _Recovery:
 async def _end_at_savepoint(peers: Peers | None, taking: _Snapshotting | None, final: int) -> None:
     """The sequencer's final epoch ran: wait until its snapshot is committed (worker 0 commits
     it and tells the others) and, in weak mode, the egress it held is released; then the
-    worker stops, and a start after it replays nothing. The supervisor bounds the wait."""
+    worker stops, and a start after it replays nothing. The supervisor bounds the wait.
+    Once that snapshot is committed a peer may stop before this worker has released its
+    egress: a peer gone then is no failure."""
     while taking is not None and (taking.committed_ssid < final or taking.busy):
-        _check(peers, taking)
+        _check(peers if taking.committed_ssid < final else None, taking)
         await asyncio.sleep(0.01)
     logger.info("worker stops at a savepoint epoch=%d", final)
 
