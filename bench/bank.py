@@ -17,10 +17,24 @@ ahead of the workers: its window starts when its first epoch is logged.
     python -m bench.bank --transfers 100000 --workers 1 --checkouts ../baseline .   # before/after
     python -m bench.bank --transfers 1000000 --workers 1 --repeats 1               # a big backlog
 
+Beside epochal, in the same run and over the same backlog, two plain-Python baselines
+(``bench/baselines.py``, on by default, ``--no-baselines`` to skip): one process with a
+confluent-kafka consumer (``read_committed``) and a transactional producer that commits each
+batch of up to 10,000 input records with its outputs and offsets in one Kafka transaction. The
+**plain bank** keeps the balances in a dict and writes one receipt or abort report per transfer,
+as the app does; the **exactly-once pipe** copies every input record unchanged, so its rate is in
+records per second (deposits + transfers), not transfers. Each runs once per repeat, after the
+epochal configurations, measured the same way (first output record to last, CPU per record of
+the process and the broker); each epochal configuration's ``ratio_to_plain_bank`` is its median
+throughput over the plain bank's (the bar: >= 1/5 for the default cluster). Neither baseline
+recovers state after a failure: they are bars for throughput, not alternatives. The window
+starts with the first output, so a baseline's first batch is counted but not timed: a backlog of
+a few batches overstates its rate (20,000 transfers: about 2x); the default 200,000 does not.
+
 ``--checkouts`` runs the cluster of each given checkout of epochal (its package and examples),
 interleaved with the others, to compare two versions side by side on one broker. ``--snapshots``
 does the same for snapshot settings: ``off``, or an interval in ms (the warehouse is the run's
-own, in a temporary directory).
+own, in a temporary directory). Clusters take their ports from ``--port-base`` (20000) on.
 
 Latency needs a steady rate, not a backlog: ``--rate N`` adds runs fed N transfers per second
 while the cluster runs (after one probe transfer has come out, so start-up is not counted), for
@@ -129,19 +143,22 @@ def _cpu_s(pid: int) -> float | None:
 
 
 class RssSampler(threading.Thread):
-    """Samples a run's processes (from its status file): their RSS every ``interval_s`` (the
-    peak per role, and the whole series) and their CPU time every ``cpu_interval_s`` (per role,
-    summed over every process that held it: a rollback starts new ones)."""
+    """Samples a run's processes (from its status file, or ``pids``: a baseline's one process):
+    their RSS every ``interval_s`` (the peak per role, and the whole series) and their CPU time
+    every ``cpu_interval_s`` (per role, summed over every process that held it: a rollback
+    starts new ones)."""
 
     def __init__(
         self,
-        status_file: Path,
+        status_file: Path | None,
         interval_s: float = 1.0,
         cpu_interval_s: float = 0.1,
         broker_pid: int | None = None,
+        pids: dict[str, int] | None = None,
     ) -> None:
         super().__init__(daemon=True)
         self.status_file = status_file
+        self.pids = pids or {}
         self.interval_s = interval_s
         self.cpu_interval_s = cpu_interval_s
         self.broker_pid = broker_pid
@@ -155,6 +172,8 @@ class RssSampler(threading.Thread):
         self.stopping = threading.Event()
 
     def _roles(self) -> dict[str, int]:
+        if self.status_file is None:
+            return dict(self.pids)
         status = json.loads(self.status_file.read_text())
         self.generation = int(status.get("generation", 0))
         roles = {"supervisor": status["supervisor"], "sequencer": status["sequencer"]}
@@ -193,14 +212,16 @@ class RssSampler(threading.Thread):
     def cpu_between(self, start: float, end: float) -> dict[str, float]:
         """CPU seconds each role used from ``start`` to ``end`` (monotonic times), from the
         last sample at or before ``start`` to the first at or after ``end``."""
-        before = [s for t, s in self.cpu if t <= start] or self.cpu[:1]
-        after = [s for t, s in self.cpu if t >= end] or self.cpu[-1:]
+        before = [s for t, s in self.cpu if t <= start] or [s for _, s in self.cpu[:1]]
+        after = [s for t, s in self.cpu if t >= end] or [s for _, s in self.cpu[-1:]]
         if not before or not after:
             return {}
         first, last = before[-1], after[0]
         used = {role: cpu - first.get(role, 0.0) for role, cpu in last.items()}
         if self.logging_from is not None and "sequencer" in last:
-            logging = [s for t, s in self.cpu if t <= self.logging_from] or self.cpu[:1]
+            logging = [s for t, s in self.cpu if t <= self.logging_from] or [
+                s for _, s in self.cpu[:1]
+            ]
             used["sequencer"] = last["sequencer"] - logging[-1].get("sequencer", 0.0)
         return used
 
@@ -333,6 +354,80 @@ def run_once(
         "seconds": last - first,
         "tps": transfers / (last - first),
         "seconds_from_start": last - cluster.started,
+    }
+
+
+# --- plain-Python baselines --------------------------------------------------------------
+
+BASELINES = {"bank": "plain bank", "pipe": "exactly-once pipe"}  # kind -> label
+PLAIN_BANK_BAR = 1 / 5  # epochal's default cluster should reach this share of the plain bank
+
+
+class _Baseline:
+    """``python -m bench.baselines <kind>`` for one run, with its CPU and RSS sampled like a
+    cluster's roles (role ``baseline``); stopped by SIGTERM."""
+
+    def __init__(self, kind: str, name: str, bootstrap: str, broker_pid: int | None) -> None:
+        self.run_dir = Path(tempfile.mkdtemp(prefix="epochal-bench-"))
+        self.command = [
+            sys.executable, "-m", "bench.baselines", kind, "--bootstrap", bootstrap,
+            "--input", f"{name}.in.transfers", "--output", f"{name}.out.receipts",
+            "--errors", f"{name}.out.errors", "--transactional-id", f"{name}.plain-{kind}",
+        ]  # fmt: skip
+        self.sampler = RssSampler(None, broker_pid=broker_pid)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+
+    def __enter__(self) -> _Baseline:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        with open(self.run_dir / "run.log", "wb") as log:
+            self.started = time.monotonic()
+            self.process = subprocess.Popen(self.command, cwd=ROOT, env=env, stdout=log,
+                                            stderr=subprocess.STDOUT)  # fmt: skip
+        self.sampler.pids = {"baseline": self.process.pid}
+        self.sampler.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sampler.stopping.set()
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(60)
+
+
+def run_baseline(
+    bootstrap: str, kind: str, transfers: int, accounts: int, broker_pid: int | None = None
+) -> dict[str, Any]:
+    """Drain the same backlog as ``run_once`` with a plain-Python baseline (``bench.baselines``),
+    measured the same way: records out / (last egress record - first), CPU per record from
+    ``/proc``. The bank's records are its transfers' receipts and abort reports; the pipe copies
+    every input record, so its unit is the record (deposits + transfers), not the transfer."""
+    name = f"{kind}{uuid.uuid4().hex[:6]}"
+    clients = KafkaClients(KafkaConfig(bootstrap))
+    clients.create_topics([f"{name}.in.transfers", f"{name}.out.receipts", f"{name}.out.errors"])
+    produce(bootstrap, f"{name}.in.transfers", transfers, accounts)
+    expected = transfers if kind == "bank" else accounts + transfers
+    with _Baseline(kind, name, bootstrap, broker_pid) as baseline:
+        with Progress(console=console, transient=True) as progress:
+            first, last = count_egress(clients, name, expected, progress)
+        time.sleep(2 * baseline.sampler.cpu_interval_s)  # a CPU sample after the last egress
+        cpu = baseline.sampler.cpu_between(first, last)
+    return {
+        "baseline": BASELINES[kind],
+        "unit": "transfers" if kind == "bank" else "records",
+        "cpu_us_per_tx": {role: 1e6 * s / expected for role, s in sorted(cpu.items())},
+        "checkout": str(ROOT),
+        "workers": 1,
+        "partitions": 1,
+        "snapshots": "-",
+        "snapshots_taken": 0,
+        "rollbacks": 0,
+        "peak_rss_mb": baseline.sampler.peak,
+        "transfers": transfers,
+        "records": expected,
+        "seconds": last - first,
+        "tps": expected / (last - first),
+        "seconds_from_start": last - baseline.started,
     }
 
 
@@ -486,30 +581,44 @@ def _median_steady(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _label(r: dict[str, Any]) -> str:
+    if "baseline" in r:
+        return str(r["baseline"])
     return Setup(Path(r["checkout"]), r["workers"], r.get("snapshots", "default")).label
 
 
-def _print_backlog(results: list[dict[str, Any]], transfers: int) -> None:
+def _print_backlog(
+    results: list[dict[str, Any]], transfers: int, baselines: list[dict[str, Any]]
+) -> None:
     table = Table(title=f"bank transfers end to end through Kafka ({transfers:,} transfers)")
     columns = ("checkout", "workers", "partitions", "snapshots", "taken", "tx/s (median)",
-               "ratio", "runs", "rollbacks")  # fmt: skip
+               "ratio", "vs plain bank", "runs", "rollbacks")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="right")
-    for r in results:
+    for r in results + baselines:
         runs_text = ", ".join(f"{t:,.0f}" for t in r["tps_runs"])
+        unit = " records/s" if r.get("unit") == "records" else ""
+        vs_plain = f"{r['ratio_to_plain_bank']:.2f}x" if "ratio_to_plain_bank" in r else "-"
         table.add_row(
-            Path(r["checkout"]).name, str(r["workers"]), str(r["partitions"]), r["snapshots"],
-            str(r["snapshots_taken"]), f"{r['tps']:,.0f}",
-            f"{r['tps'] / results[0]['tps']:.2f}x", runs_text,
+            r.get("baseline") or Path(r["checkout"]).name,
+            "-" if "baseline" in r else str(r["workers"]), str(r["partitions"]), r["snapshots"],
+            str(r["snapshots_taken"]), f"{r['tps']:,.0f}{unit}",
+            f"{r['tps'] / results[0]['tps']:.2f}x", vs_plain, runs_text,
             ", ".join(map(str, r["rollbacks_runs"])),
         )  # fmt: skip
     console.print(table)
-    for r in results:
+    for r in results + baselines:
         rss = ", ".join(f"{role} {mb:.0f}" for role, mb in sorted(r["peak_rss_mb"].items()))
         console.print(f"peak RSS MB ({_label(r)}): {rss}")
-    for r in results:
+    for r in results + baselines:
         cpu = ", ".join(f"{role} {us:.1f}" for role, us in r["cpu_us_per_tx"].items())
-        console.print(f"CPU us per transfer, median run ({_label(r)}): {cpu}")
+        per = "record" if r.get("unit") == "records" else "transfer"
+        console.print(f"CPU us per {per}, median run ({_label(r)}): {cpu}")
+    for r in results:
+        if "ratio_to_plain_bank" in r:
+            ratio = r["ratio_to_plain_bank"]
+            met = "met" if ratio >= PLAIN_BANK_BAR else "not met"
+            console.print(f"ratio to the plain bank ({_label(r)}): {ratio:.2f} "
+                          f"(bar >= {PLAIN_BANK_BAR:.2f}: {met})")  # fmt: skip
 
 
 def _print_steady(results: list[dict[str, Any]]) -> None:
@@ -580,6 +689,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rate", help="also steady-rate runs at this many transfers/s, or "
                         "'half': half the lowest median peak of the backlog runs")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=30, help="length of a steady run")
+    parser.add_argument(
+        "--baselines", action=argparse.BooleanOptionalAction, default=True,
+        help="also drain each backlog with the plain-Python baselines (bench.baselines)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--port-base", type=int, default=20_000,
+        help="the clusters' first port: each backlog run takes 10 from here, steady runs from "
+        "here + 1000",
+    )  # fmt: skip
     parser.set_defaults(broker_pid=None)  # set when the run starts its own broker
     parser.add_argument("--warmup", type=float, default=3,
                         help="seconds of a steady run left out of the latencies")  # fmt: skip
@@ -598,19 +716,29 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 def _run_all(args: argparse.Namespace, bootstrap: str, setups: list[Setup]) -> dict[str, Any]:
     """Every configuration ``--repeats`` times, interleaved, so drift hits each alike."""
-    report: dict[str, Any] = {"results": [], "steady": []}
+    report: dict[str, Any] = {"results": [], "baselines": [], "steady": []}
     if args.transfers > 0:
         runs: dict[Setup, list[dict[str, Any]]] = {s: [] for s in setups}
+        plain: dict[str, list[dict[str, Any]]] = {k: [] for k in BASELINES if args.baselines}
         for repeat in range(args.repeats):
             for i, setup in enumerate(setups):
-                port = 20_000 + 10 * i + 100 * repeat  # clear of the query ports (7700 on)
+                port = args.port_base + 10 * i + 100 * repeat  # clear of the query ports (7700)
                 runs[setup].append(run_once(
                     bootstrap, setup.workers, args.transfers, args.accounts, port,
                     checkout=setup.checkout, snapshots=setup.snapshots,
                     broker_pid=args.broker_pid,
                 ))  # fmt: skip
+            for kind, baseline_runs in plain.items():
+                baseline_runs.append(run_baseline(
+                    bootstrap, kind, args.transfers, args.accounts, args.broker_pid
+                ))  # fmt: skip
         report["results"] = [_median(r) for r in runs.values()]
-        _print_backlog(report["results"], args.transfers)
+        report["baselines"] = [_median(r) for r in plain.values()]
+        if plain:
+            bank_tps = _median(plain["bank"])["tps"]
+            for r in report["results"]:
+                r["ratio_to_plain_bank"] = r["tps"] / bank_tps
+        _print_backlog(report["results"], args.transfers, report["baselines"])
     if args.rate is not None:
         rate = (
             int(min(r["tps"] for r in report["results"]) / 2)
@@ -620,7 +748,7 @@ def _run_all(args: argparse.Namespace, bootstrap: str, setups: list[Setup]) -> d
         steady: dict[Setup, list[dict[str, Any]]] = {s: [] for s in setups}
         for repeat in range(args.repeats):
             for i, setup in enumerate(setups):
-                port = 21_000 + 10 * i + 100 * repeat
+                port = args.port_base + 1_000 + 10 * i + 100 * repeat
                 console.print(f"steady {rate:,}/s for {args.seconds:.0f} s: {setup.label}")
                 steady[setup].append(run_steady(
                     bootstrap, setup, rate=rate, seconds=args.seconds, warmup=args.warmup,
@@ -662,8 +790,9 @@ def main() -> int:
     report = {"bench": "bank", "machine": platform.node(), "cpus": os.cpu_count(), **report}
     stem = out / f"bank-{time.strftime('%Y%m%d-%H%M%S')}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
-    panels = [("backlog drain", "transfers/s (median)",
-               {_label(r): r["tps"] for r in report["results"]})]  # fmt: skip
+    drained = report["results"] + report["baselines"]
+    panels = [("backlog drain", "transfers/s (median; the pipe: records/s)",
+               {_label(r): r["tps"] for r in drained})]  # fmt: skip
     if report["steady"]:
         panels.append((f"steady {report['steady'][0]['rate']:,}/s", "p99 latency ms",
                        {_label(r): r["latency_ms"]["p99"] for r in report["steady"]}))  # fmt: skip
