@@ -156,17 +156,8 @@ class Worker:
             peers = Peers(config.worker, list(config.peers), config.generation,
                           failure_timeout_s=config.failure_timeout_ms / 1000)  # fmt: skip
         started = time.perf_counter()
-        # off the loop: fencing the last generation's producers waits for the broker to abort
-        # their open transactions, and a loop blocked past the failure bound leaves the group
-        loop = asyncio.get_running_loop()
-        mine = partitions_of(config.worker, config.partitions, config.workers)
         phases = _Phases()
-        writers, ranges = await loop.run_in_executor(None, self._open_egress, mine)
-        if not self.weak:  # weak mode has no command log to amend
-            self.amendments = await loop.run_in_executor(
-                None, read_amendments, self.clients, self.app.name
-            )
-        phases.done("egress")
+        writers, ranges = await self._start_egress(phases)
         engine = Engine(self.app, config.partitions, config.worker, config.workers, peers,
                         track_digest=config.track_digest, snapshots=self.snapshots is not None,
                         queries=bool(config.query), ranges=ranges)  # fmt: skip
@@ -315,11 +306,29 @@ class Worker:
                     manifest.actors, time.perf_counter() - started)  # fmt: skip
         return manifest
 
-    def _open_egress(
-        self, partitions: tuple[PartitionId, ...]
+    async def _start_egress(
+        self, phases: _Phases
     ) -> tuple[dict[PartitionId, EgressWriter], KeyRanges]:
-        """Open (and so fence) this worker's egress writers, then learn where each resumes and
-        the layout the cluster runs (the supervisor recorded it before the workers started)."""
+        """Open this worker's egress writers, learn where each resumes and, in strong mode,
+        read the operator's amendments; each step timed for the start line."""
+        config = self.config
+        loop = asyncio.get_running_loop()
+        mine = partitions_of(config.worker, config.partitions, config.workers)
+        # off the loop: fencing the last generation's producers waits for the broker to abort
+        # their open transactions, and a loop blocked past the failure bound leaves the group
+        writers = await loop.run_in_executor(None, self._open_egress, mine)
+        phases.done("fence")
+        ranges = await loop.run_in_executor(None, self._egress_positions, writers)
+        phases.done("positions")
+        if not self.weak:  # weak mode has no command log to amend
+            self.amendments = await loop.run_in_executor(
+                None, read_amendments, self.clients, self.app.name
+            )
+            phases.done("amendments")
+        return writers, ranges
+
+    def _open_egress(self, partitions: tuple[PartitionId, ...]) -> dict[PartitionId, EgressWriter]:
+        """Open (and so fence) this worker's egress writers."""
         config = self.config
 
         def open_writer(partition: PartitionId) -> EgressWriter:
@@ -329,7 +338,12 @@ class Worker:
         # at once: each writer's fencing waits on the broker (after a kill, for it to abort
         # the dead incarnation's open transaction), and a rollback waits on the slowest
         with ThreadPoolExecutor(max(1, len(partitions)), "egress-open") as pool:
-            writers = dict(zip(partitions, pool.map(open_writer, partitions), strict=True))
+            return dict(zip(partitions, pool.map(open_writer, partitions), strict=True))
+
+    def _egress_positions(self, writers: dict[PartitionId, EgressWriter]) -> KeyRanges:
+        """Once every writer is open: where each resumes, and the layout the cluster runs (the
+        supervisor recorded it before the workers started)."""
+        config = self.config
         state = read_egress_state(self.clients, self.app.name)
         if state.layout is None or state.layout.partitions != config.partitions:
             raise ConfigError(
@@ -342,7 +356,7 @@ class Worker:
             writer.covered = state.start(partition)
         ranges = layout_in_force(self.app, state)
         assert ranges is not None, "a layout is recorded"
-        return writers, ranges
+        return ranges
 
     def _count_partitions(self, engine: Engine) -> None:
         """Each partition's share: the actors it holds, the transactions it took part in."""
@@ -415,8 +429,9 @@ class Worker:
 
 class _Phases:
     """Seconds of each step of a worker's start, for its ``worker started`` line: where a
-    rollback's time goes. ``egress``: the writers opened, which fences the last generation's
-    (and the operator's amendments read); ``snapshot``: the latest loaded; ``peers``: the
+    rollback's time goes. ``fence``: the egress writers opened, which fences the last
+    generation's; ``positions``: where each resumes read; ``amendments``: the operator's
+    amendments read (strong mode); ``snapshot``: the latest loaded; ``peers``: the
     other workers connected, the command log or epoch feed opened."""
 
     def __init__(self) -> None:

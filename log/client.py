@@ -149,7 +149,7 @@ class KafkaClients:
         deadline = time.monotonic() + stall_s
         try:
             while pending:
-                messages = consumer.consume(num_messages=1000, timeout=0.2)
+                messages = arrived(consumer, 1000, 0.2)
                 for message in messages:
                     if message.error() is not None:
                         raise self.consume_error(message, what)
