@@ -3,8 +3,9 @@
 A child that outlives its supervisor keeps executing and committing beside the children of the
 next ``epochal run`` (seen in a chaos run: two sequencers logging the same epoch numbers). On
 Linux the kernel kills it when the parent dies (``prctl(PR_SET_PDEATHSIG, SIGKILL)``); elsewhere
-a watchdog thread notices that the parent is gone. Either way a parent that died before the
-child got that far is caught by comparing ``getppid()`` with the pid the parent passed down.
+a watchdog thread notices that the parent is gone. Workers and the sequencer are forked by the
+supervisor's fork server, which lives as long as any of them: they watch the supervisor itself
+too. Either way a parent that died before the child got that far is caught at once.
 
 Process titles make ``ps`` tell the roles apart: ``epochal: worker 1 of bank (generation 3)``,
 and let a new supervisor tell the processes an earlier run of its app left behind (a hung
@@ -18,6 +19,7 @@ import gc
 import logging
 import os
 import re
+import select
 import signal
 import sys
 import threading
@@ -43,13 +45,24 @@ _WATCH_INTERVAL_S = 0.5
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Arrange for this process to be killed when ``parent_pid`` (its parent) dies."""
+    """Arrange for this process to be killed when ``parent_pid`` (the supervisor) dies.
+
+    The process's own parent is the supervisor, or the fork server the supervisor started
+    (which exits when the supervisor does): the kernel's signal, or the watch thread, follows
+    that parent; a supervisor already gone is caught here."""
+    direct = os.getppid()
     if not (sys.platform.startswith("linux") and _kill_me_with_parent()):
         threading.Thread(
-            target=_watch_parent, args=(parent_pid,), name="parent-watch", daemon=True
+            target=_watch_parent, args=(direct,), name="parent-watch", daemon=True
         ).start()
-    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+    if os.getppid() != direct:  # the parent died before the signal was armed
         _die()
+    if direct != parent_pid:  # forked by the fork server, which its children keep alive
+        if process_title(parent_pid) is None:
+            _die()  # the supervisor died meanwhile
+        threading.Thread(
+            target=_watch_supervisor, args=(parent_pid,), name="supervisor-watch", daemon=True
+        ).start()
 
 
 def collect_less() -> None:
@@ -128,6 +141,19 @@ def _kill_me_with_parent() -> bool:
 def _watch_parent(parent_pid: int) -> None:
     while os.getppid() == parent_pid:
         time.sleep(_WATCH_INTERVAL_S)
+    _die()
+
+
+def _watch_supervisor(pid: int) -> None:
+    """Die when process ``pid`` exits (a zombie counts as gone): woken by the kernel through
+    a pidfd where there is one, else by looking every half second."""
+    try:
+        descriptor = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd here, or the supervisor is gone already
+        while process_title(pid) is not None:
+            time.sleep(_WATCH_INTERVAL_S)
+        _die()
+    select.select([descriptor], [], [])
     _die()
 
 
