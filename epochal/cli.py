@@ -12,7 +12,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,8 @@ from epochal.jvm import JarSet, fetch_jars
 from epochal.log.local_broker import LocalBroker
 
 if TYPE_CHECKING:
+    from epochal.log.amendments import Amendments
+    from epochal.log.command_log import LoggedEpoch
     from epochal.supervisor import ClusterConfig
 
 __all__ = ["entry", "main"]
@@ -241,7 +243,7 @@ def _replay(args: argparse.Namespace) -> int:
     app = load_app(args.app, args.name)
     clients = KafkaClients(KafkaConfig(args.bootstrap, _settings(args.kafka_setting)))
     restored = None
-    if not args.from_start:
+    if not (args.from_start or args.save_log):  # a saved log starts at the log's first epoch
         snapshots = DeltaSnapshots(app, SnapshotConfig(args.warehouse), partitions=1)
         with console.status(f"loading the latest snapshot from {snapshots.warehouse.uri()}"):
             restored = snapshots.restore()
@@ -254,10 +256,13 @@ def _replay(args: argparse.Namespace) -> int:
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"replaying {app.topics.command_log}", total=end - start)
         logged = KafkaCommandLog(clients, app.topics.command_log).epochs(start, to_end=True)
+        amendments = read_amendments(clients, app.name)
+        if args.save_log:
+            logged = _saving(logged, amendments, args.save_log)
         engine, epochs = replay_command_log(
             app, logged, allow_code_change=args.allow_code_change,
             on_epoch=lambda position: progress.update(task, completed=position + 1 - start),
-            restored=restored, amendments=read_amendments(clients, app.name),
+            restored=restored, amendments=amendments,
         )  # fmt: skip
     by_type: dict[str, list[tuple[object, Any]]] = defaultdict(list)
     for ref, value in engine.items():
@@ -267,7 +272,22 @@ def _replay(args: argparse.Namespace) -> int:
         console.print(f"  {actor_type}: {len(items)} actors")
     for actor_type in args.show:
         _print_actors(app, actor_type, by_type.get(actor_type, []), args.limit)
+    if args.save_log:
+        console.print(f"saved the {epochs} epochs to {args.save_log} "
+                      "(epochal.testing.AppTest.from_command_log reads it)")  # fmt: skip
     return 0
+
+
+def _saving(
+    epochs: Iterable[LoggedEpoch], amendments: Amendments, path: str
+) -> Iterator[LoggedEpoch]:
+    """The epochs, written as they are read (amended, as replay runs them) to ``path``."""
+    from epochal.testing import CommandLogWriter
+
+    with CommandLogWriter(path) as saved:
+        for logged in epochs:
+            saved.write(amendments.apply(logged.record))
+            yield logged
 
 
 def _recover(args: argparse.Namespace) -> int:
@@ -735,6 +755,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--warehouse", default="warehouse", help="where the snapshots are")
     replay.add_argument("--from-start", action="store_true",
                         help="ignore snapshots: replay the whole command log")  # fmt: skip
+    replay.add_argument("--save-log", metavar="FILE",
+                        help="also write the epochs replayed to FILE, from the log's start, for "
+                        "epochal.testing.AppTest.from_command_log (docs/testing.md)")  # fmt: skip
     replay.set_defaults(handler=_replay)
 
     _recovery_commands(commands, app_flags)
