@@ -34,3 +34,18 @@ def test_importing_epochal_loads_neither_spark_nor_delta_nor_arrow() -> None:
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True).stdout.strip()  # fmt: skip
     assert loaded == "[]"
+
+
+def test_the_test_harness_is_light_and_not_imported_by_epochal() -> None:
+    """``epochal.testing`` runs in a user's test process: no Spark, Delta or Arrow, and pytest
+    only for its plugin; ``import epochal`` does not import it."""
+    import subprocess
+    import sys
+
+    heavy = ("pyspark", "deltalake", "pyarrow", "pytest")
+    code = ("import sys, epochal; assert 'epochal.testing' not in sys.modules; "
+            "import epochal.testing; "
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")  # fmt: skip
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.strip()  # fmt: skip
+    assert loaded == "[]"
