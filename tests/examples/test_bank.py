@@ -1,17 +1,27 @@
-"""The bank example: money is conserved, never negative, and the engine equals the oracle."""
+"""The bank example: money is conserved, never negative, and the engine equals the oracle.
+
+It runs on the test harness (``epochal.testing``): the producer's records through the
+sequencer's ordering into epochs, on a four-partition engine in this process.
+"""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import msgspec
 import pytest
 
+from epochal.actors.oracle import SerialOracle
 from epochal.schemas.codec import decode
+from epochal.testing import AppTest
 from examples.bank import producer
 from examples.bank.app import Account, Deposit, Receipt, Transfer, app
-from tests.examples.support import Log, command_log, outcomes, run_engine, run_oracle, summary
+from tests.examples.support import summary
 
 ACCOUNTS = 200
 TRANSFERS = 5_000
+EPOCH_SIZE = 500
+INPUT_PARTITIONS = 3
 
 
 def _values() -> list[bytes]:
@@ -24,8 +34,15 @@ def _values() -> list[bytes]:
 
 
 @pytest.fixture(scope="module")
-def log() -> Log:
-    return command_log(app, "transfers", _values(), epoch_size=500)
+def bank() -> AppTest:
+    """The records spread over three input partitions, an epoch per 500, on four partitions."""
+    t = AppTest(app, partitions=4)
+    for i, value in enumerate(_values()):
+        t.send("transfers", value, partition=i % INPUT_PARTITIONS)
+        if i % EPOCH_SIZE == EPOCH_SIZE - 1:
+            t.run()
+    t.run()
+    return t
 
 
 def test_json_and_msgpack_records_route_to_their_transactions() -> None:
@@ -47,35 +64,46 @@ def test_invalid_records_go_to_the_dead_letters_not_into_epochs() -> None:
         b"\xc1",
     ]
     good = b'{"type":"Deposit","account":"acct-0001","amount":5}'
-    log = command_log(app, "transfers", [*bad, good], input_partitions=1)
-    assert [t.handler for r in log.records for t in r.txns] == ["deposit"]
-    reasons = [d.reason for d in log.dead]
+    t = AppTest(app)
+    for value in [*bad, good]:
+        t.send("transfers", value)
+    t.run()
+    assert [txn.handler for r in t.command_log for txn in r.txns] == ["deposit"]
+    assert t.state(Account) == {"acct-0001": Account(5)}
+    reasons = [d.reason for d in t.dead_letters]
     assert len(reasons) == 4
     assert ">= 1" in reasons[0] and "acct-" in reasons[1] and "unknown event type" in reasons[2]
+    assert [d.offset for d in t.dead_letters] == [0, 1, 2, 3]
 
 
-def test_money_is_conserved_and_never_negative_on_four_partitions(log: Log) -> None:
-    run = run_engine(app, log, partitions=4)
-    balances = {k: v.balance for k, v in run.state("Account").items() if isinstance(v, Account)}
+def test_money_is_conserved_and_never_negative_on_four_partitions(bank: AppTest) -> None:
+    balances = {k: v.balance for k, v in bank.state(Account).items()}
     assert len(balances) == ACCOUNTS
     assert sum(balances.values()) == ACCOUNTS * producer.OPENING_BALANCE
     assert min(balances.values()) >= 0
     # the accounts really are spread: every partition owns some, so transfers cross partitions
-    assert sorted(run.keys_per_partition("Account")) == [0, 1, 2, 3]
+    ranges = bank.engine.ranges
+    refs = [ref for ref in bank.engine.store.values if ref.actor_type == "Account"]
+    owners = Counter(int(ranges.partition_of(ref)) for ref in refs)
+    assert sorted(owners) == [0, 1, 2, 3]
 
-    done = [o for o in outcomes(run.results) if o.handler == "transfer"]
+    done = [o for o in bank.outcomes if o.handler == "transfer"]
     assert len(done) == TRANSFERS
     committed = [o for o in done if o.committed]
     overdrafts = [o for o in done if "'balance >= 0' violated" in o.reason]
     assert 2_000 < len(committed) < TRANSFERS and overdrafts
     assert all(not o.writes and not o.egress for o in done if not o.committed)
+    # what the cluster writes: a receipt per committed transfer, an abort report per other
+    assert len(bank.egress("receipts", Receipt)) == len(committed)
+    assert [r.reason for r in bank.egress_records("errors")] == [
+        o.reason for o in done if not o.committed
+    ]
 
 
-def test_receipts_match_a_plain_serial_replay_of_the_log(log: Log) -> None:
-    run = run_engine(app, log, partitions=4)
+def test_receipts_match_a_plain_serial_replay_of_the_log(bank: AppTest) -> None:
     balance: dict[str, int] = {}
-    events = log.events(Deposit | Transfer)
-    for event, outcome in zip(events, outcomes(run.results), strict=True):
+    events = [decode(t.event, Deposit | Transfer) for r in bank.command_log for t in r.txns]
+    for event, outcome in zip(events, bank.outcomes, strict=True):
         if isinstance(event, Deposit):
             balance[event.account] = balance.get(event.account, 0) + event.amount
             continue
@@ -92,10 +120,11 @@ def test_receipts_match_a_plain_serial_replay_of_the_log(log: Log) -> None:
                 balance[event.source],
                 balance[event.target],
             )
-    final = {k: v.balance for k, v in run.state("Account").items() if isinstance(v, Account)}
+    final = {k: v.balance for k, v in bank.state(Account).items()}
     assert final == balance
 
 
-def test_engine_equals_the_serial_oracle(log: Log) -> None:
-    engine = run_engine(app, log, partitions=4).results
-    assert summary(engine) == summary(run_oracle(app, log))
+def test_engine_equals_the_serial_oracle_and_every_partition_count(bank: AppTest) -> None:
+    assert len(bank.command_log) == (ACCOUNTS + TRANSFERS + EPOCH_SIZE - 1) // EPOCH_SIZE
+    assert summary(bank.results) == summary(SerialOracle(app).run(bank.command_log))
+    bank.check_determinism(partitions=(1, 2))
