@@ -281,18 +281,20 @@ class AppTest(Results):
         interior transactions wait. Returns what this run produced; raises RuntimeError if
         the app still emits after ``max_epochs`` epochs."""
         run = Results(self.app)
-        if self._inputs or self._requests:
-            inputs, requests = self._inputs, self._requests
-            self._inputs, self._requests = [], []
-            self._epoch(run, inputs, requests)
-        while self.engine.carried:
-            if len(run.command_log) >= self.max_epochs:
-                raise RuntimeError(_never_settles(run, self.max_epochs))
-            tick = encode(ClientRequest.tick(self.epoch - 1))
-            topic = self.app.topics.requests
-            offset = self._take_offset(topic, 0)
-            self._epoch(run, [], [InputRecord(topic, 0, offset, tick, None, self.now_ms)])
-        self._extend(run)
+        try:
+            if self._inputs or self._requests:
+                inputs, requests = self._inputs, self._requests
+                self._inputs, self._requests = [], []
+                self._epoch(run, inputs, requests)
+            while self.engine.carried:
+                if len(run.command_log) >= self.max_epochs:
+                    raise RuntimeError(_never_settles(run, self.max_epochs))
+                tick = encode(ClientRequest.tick(self.epoch - 1))
+                topic = self.app.topics.requests
+                offset = self._take_offset(topic, 0)
+                self._epoch(run, [], [InputRecord(topic, 0, offset, tick, None, self.now_ms)])
+        finally:  # the epochs that ran are the test's, even if the run failed
+            self._extend(run)
         return run
 
     def _epoch(self, run: Results, inputs: list[InputRecord], requests: list[InputRecord]) -> None:
