@@ -37,6 +37,7 @@ from epochal.jvm import JarSet, fetch_jars
 from epochal.log.local_broker import LocalBroker
 
 if TYPE_CHECKING:
+    from epochal.actors.snapshots import Restored
     from epochal.log.amendments import Amendments
     from epochal.log.command_log import LoggedEpoch
     from epochal.supervisor import ClusterConfig
@@ -243,7 +244,7 @@ def _replay(args: argparse.Namespace) -> int:
     app = load_app(args.app, args.name)
     clients = KafkaClients(KafkaConfig(args.bootstrap, _settings(args.kafka_setting)))
     restored = None
-    if not (args.from_start or args.save_log):  # a saved log starts at the log's first epoch
+    if not args.from_start:
         snapshots = DeltaSnapshots(app, SnapshotConfig(args.warehouse), partitions=1)
         with console.status(f"loading the latest snapshot from {snapshots.warehouse.uri()}"):
             restored = snapshots.restore()
@@ -258,7 +259,7 @@ def _replay(args: argparse.Namespace) -> int:
         logged = KafkaCommandLog(clients, app.topics.command_log).epochs(start, to_end=True)
         amendments = read_amendments(clients, app.name)
         if args.save_log:
-            logged = _saving(logged, amendments, args.save_log)
+            logged = _saving(app, restored, logged, amendments, args.save_log)
         engine, epochs = replay_command_log(
             app, logged, allow_code_change=args.allow_code_change,
             on_epoch=lambda position: progress.update(task, completed=position + 1 - start),
@@ -279,12 +280,22 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _saving(
-    epochs: Iterable[LoggedEpoch], amendments: Amendments, path: str
-) -> Iterator[LoggedEpoch]:
-    """The epochs, written as they are read (amended, as replay runs them) to ``path``."""
-    from epochal.testing import CommandLogWriter
+    app: App, restored: Restored | None, epochs: Iterable[LoggedEpoch], amendments: Amendments,
+    path: str,
+) -> Iterator[LoggedEpoch]:  # fmt: skip
+    """The snapshot replay starts from (its migrations run), then the epochs as they are read
+    (amended, as replay runs them), written to ``path``."""
+    from epochal.actors.engine import LocalEngine
+    from epochal.actors.snapshots import carried_of
+    from epochal.testing import CommandLogWriter, SavedStart
 
-    with CommandLogWriter(path) as saved:
+    start = SavedStart()
+    if restored is not None:
+        engine = LocalEngine(app, 1)
+        manifest = restored.manifest
+        engine.load(restored.actors, manifest.epoch, carried_of(manifest), restored.migrations)
+        start = SavedStart.of(engine)
+    with CommandLogWriter(path, start) as saved:
         for logged in epochs:
             saved.write(amendments.apply(logged.record))
             yield logged
@@ -756,8 +767,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--from-start", action="store_true",
                         help="ignore snapshots: replay the whole command log")  # fmt: skip
     replay.add_argument("--save-log", metavar="FILE",
-                        help="also write the epochs replayed to FILE, from the log's start, for "
-                        "epochal.testing.AppTest.from_command_log (docs/testing.md)")  # fmt: skip
+                        help="also write what is replayed to FILE (the snapshot it starts from, "
+                        "then the epochs) for epochal.testing.AppTest.from_command_log "
+                        "(docs/testing.md)")  # fmt: skip
     replay.set_defaults(handler=_replay)
 
     _recovery_commands(commands, app_flags)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import Any, NamedTuple, TypeVar, overload
 
 import msgspec
 
@@ -34,7 +34,7 @@ from epochal.actors.api import App
 from epochal.actors.egress import egress_records
 from epochal.actors.engine import EpochResult, LocalEngine
 from epochal.actors.framing import LENGTH, framed
-from epochal.actors.outcome import TxnOutcome
+from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.actors.plan import emitted_by, ensure_same_code
 from epochal.client import Outcome
 from epochal.config import SequencerConfig
@@ -58,6 +58,8 @@ __all__ = [
     "CommandLogWriter",
     "Emit",
     "Results",
+    "SavedLog",
+    "SavedStart",
     "read_command_log",
 ]
 
@@ -228,6 +230,7 @@ class AppTest(Results):
         self._next: dict[str, int] = {}  # the next offset of each partition fed
         self._window = RequestWindow(self.config.request_id_window_ms)
         self._request_count = 0
+        self._start = SavedStart()  # a replay's: the snapshot its command log follows
 
     # --- input ---------------------------------------------------------------------------
 
@@ -329,13 +332,18 @@ class AppTest(Results):
         partitions: int = 1,
         *,
         allow_code_change: bool = False,
+        start: SavedStart | None = None,
         **options: Any,
     ) -> AppTest:
-        """An AppTest that ran ``records``, a command log from its first epoch (captured from
-        a cluster with ``epochal replay APP --save-log FILE``): the state, outcomes and egress
-        the cluster had, from which a test can go on sending. A log written by other code is
-        refused unless ``allow_code_change``, as ``epochal replay`` refuses it."""
+        """An AppTest that ran ``records``, a command log from its first epoch or from the
+        snapshot ``start`` (captured from a cluster with ``epochal replay APP --save-log
+        FILE``): the state, outcomes and egress the cluster had, from which a test can go on
+        sending. A log written by other code is refused unless ``allow_code_change``, as
+        ``epochal replay`` refuses it."""
         test = cls(app, partitions, **options)
+        test._start = start or SavedStart()
+        test._start.load(test.engine)
+        test.epoch = test._start.epoch + 1
         run = Results(app)
 
         async def replay() -> None:
@@ -355,7 +363,8 @@ class AppTest(Results):
         cls, app: App, path: str | Path, partitions: int = 1, **options: Any
     ) -> AppTest:
         """:meth:`replay` of a file ``epochal replay APP --save-log FILE`` wrote."""
-        return cls.replay(app, read_command_log(path), partitions, **options)
+        saved = read_command_log(path)
+        return cls.replay(app, saved.epochs, partitions, start=saved.start, **options)
 
     # --- state ------------------------------------------------------------------------------
 
@@ -381,6 +390,7 @@ class AppTest(Results):
         unseeded random generator or state outside its actors fails it."""
         for count in partitions:
             engine = LocalEngine(self.app, count)
+            self._start.load(engine)
             replayed = asyncio.run(engine.run(self.command_log))
             where = f"the run on {self.partitions} partition(s) and a replay on {count}"
             for want, got in zip(self.results, replayed, strict=True):
@@ -431,12 +441,45 @@ def _never_settles(run: Results, epochs: int) -> str:
 # --- command-log files -----------------------------------------------------------------------
 
 
-class CommandLogWriter:
-    """Writes epochs to a file, each a length-prefixed msgpack :class:`EpochRecord` (what
-    ``epochal replay APP --save-log FILE`` writes; :func:`read_command_log` reads it)."""
+class SavedStart(msgspec.Struct, frozen=True):
+    """Where a saved command log starts: after the snapshot of ``epoch`` (every actor as
+    canonical bytes, by type, and the interior transactions due next), or at the log's first
+    epoch (``epoch`` -1). A cluster's log is trimmed back to its oldest snapshot kept, so a
+    saved log of a running app starts at its latest snapshot."""
 
-    def __init__(self, path: str | Path) -> None:
+    epoch: int = -1
+    actors: dict[str, list[tuple[ActorKey, bytes]]] = msgspec.field(default_factory=dict)
+    carried: list[Emitted] = msgspec.field(default_factory=list)
+
+    @classmethod
+    def of(cls, engine: LocalEngine) -> SavedStart:
+        """The state ``engine`` has now (all partitions), as a start."""
+        actors: dict[str, list[tuple[ActorKey, bytes]]] = {}
+        for ref, value in engine.store.values.items():
+            actors.setdefault(ref.actor_type, []).append((ref.key, value))
+        return cls(engine.executed, actors, list(engine.carried))
+
+    def load(self, engine: LocalEngine) -> None:
+        """Put this start's state into a fresh ``engine``."""
+        if self.epoch >= 0:
+            engine.load(self.actors, self.epoch, self.carried)
+
+
+class SavedLog(NamedTuple):
+    """A file :class:`CommandLogWriter` wrote: where it starts, and the epochs after it."""
+
+    start: SavedStart
+    epochs: list[EpochRecord]
+
+
+class CommandLogWriter:
+    """Writes a :class:`SavedStart` and then epochs to a file, each a length-prefixed msgpack
+    frame (what ``epochal replay APP --save-log FILE`` writes; :func:`read_command_log` reads
+    it)."""
+
+    def __init__(self, path: str | Path, start: SavedStart | None = None) -> None:
         self._file = Path(path).open("wb")  # noqa: SIM115 - closed by close() or the with block
+        self._file.write(framed(encode(start or SavedStart())))
 
     def write(self, record: EpochRecord) -> None:
         self._file.write(framed(encode(record)))
@@ -453,12 +496,17 @@ class CommandLogWriter:
         self.close()
 
 
-def read_command_log(path: str | Path) -> list[EpochRecord]:
-    """The epochs of a file :class:`CommandLogWriter` wrote; ValueError if it is cut short."""
-    return list(_frames(Path(path).read_bytes(), str(path)))
+def read_command_log(path: str | Path) -> SavedLog:
+    """What :class:`CommandLogWriter` wrote to a file; ValueError if it is cut short."""
+    frames = _frames(Path(path).read_bytes(), str(path))
+    first = next(frames, None)
+    if first is None:
+        raise ValueError(f"{path} is empty: not a saved command log")
+    start = decode(first, SavedStart)
+    return SavedLog(start, [decode(frame, EpochRecord) for frame in frames])
 
 
-def _frames(data: bytes, name: str) -> Iterator[EpochRecord]:
+def _frames(data: bytes, name: str) -> Iterator[bytes]:
     start = 0
     while start < len(data):
         if len(data) - start < LENGTH.size:
@@ -467,5 +515,5 @@ def _frames(data: bytes, name: str) -> Iterator[EpochRecord]:
         start += LENGTH.size
         if len(data) - start < length:
             raise ValueError(f"{name} ends inside an epoch at byte {start}")
-        yield decode(data[start : start + length], EpochRecord)
+        yield data[start : start + length]
         start += length

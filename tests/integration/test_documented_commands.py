@@ -45,6 +45,7 @@ RUN = {
     "epochal run examples.bank.app:app --workers 2 --partitions 4 --bootstrap 127.0.0.1:9092",
     "python -m examples.bank.producer --count 10000",
     "epochal replay examples.bank.app:app --show Account",
+    "epochal replay examples.bank.app:app --save-log incident.log",
     "epochal run examples.bank.app:app --workers 2 --query-port 7700",
     'epochal sql "SELECT _ssid, count(*), sum(balance) FROM account_history GROUP BY _ssid" bank',
     'epochal sql "SELECT * FROM commands WHERE NOT committed" bank --format json',
@@ -245,6 +246,14 @@ def test_the_readme_runs_as_written(user: User, kafka: KafkaClients) -> None:
     replayed = user.run("epochal replay examples.bank.app:app --show Account")
     assert f"Account: {ACCOUNTS} actors" in replayed
     assert f"'balance': {total}" in replayed, replayed
+    # docs/testing.md: the cluster's log as a file, and a unit test's harness replaying it
+    saved = user.run("epochal replay examples.bank.app:app --save-log incident.log")
+    from epochal.testing import AppTest
+    from examples.bank.app import Account, app
+
+    incident = AppTest.from_command_log(app, user.cwd / "incident.log")
+    assert f"digest {incident.digest}" in saved, saved
+    assert sum(a.balance for a in incident.state(Account).values()) == total
 
     table = user.run(
         'epochal sql "SELECT _ssid, count(*), sum(balance) FROM account_history GROUP BY _ssid" '
@@ -275,7 +284,6 @@ def test_the_readme_runs_as_written(user: User, kafka: KafkaClients) -> None:
     # docs/queries.md: run it again with queries on; the client reads what the replay showed
     again = user.start("epochal run examples.bank.app:app --workers 2 --query-port 7700")
     from epochal import Client
-    from examples.bank.app import Account, app
 
     with Client(app, "127.0.0.1:7700", timeout_s=60) as client:
         summed = client.aggregate(Account, "count", "sum:balance")

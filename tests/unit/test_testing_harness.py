@@ -17,7 +17,15 @@ from epochal.actors.oracle import SerialOracle
 from epochal.actors.windows import TimeWindow
 from epochal.errors import RecoveryError
 from epochal.schemas.commands import InputPosition, KeyRef
-from epochal.testing import START_MS, Abort, AppTest, CommandLogWriter, Emit, read_command_log
+from epochal.testing import (
+    START_MS,
+    Abort,
+    AppTest,
+    CommandLogWriter,
+    Emit,
+    SavedStart,
+    read_command_log,
+)
 from epochal.testing_plugin import AppTestFactory
 from examples.bank.app import Account, Deposit, Receipt, Transfer, app, transfer
 from tests.unit.actors import workload
@@ -419,7 +427,7 @@ def test_a_saved_command_log_replays_to_the_same_state_and_outputs(tmp_path: Pat
     with CommandLogWriter(path) as out:
         for record in t.command_log:
             out.write(record)
-    assert read_command_log(path) == t.command_log
+    assert read_command_log(path) == (SavedStart(), t.command_log)
     replayed = AppTest.from_command_log(workload.app, path, partitions=2)
     assert replayed.digest == t.digest and _summary(replayed.results) == _summary(t.results)
     assert replayed.written == t.written and replayed.replies["r"].committed
@@ -463,8 +471,34 @@ def test_epochal_replay_save_log_writes_the_epochs_replay_runs(tmp_path: Path) -
         log.append(record)
     path = tmp_path / "saved.log"
     engine, epochs = replay_command_log(
-        workload.app, _saving(log.epochs(), Amendments(), str(path))
+        workload.app, _saving(workload.app, None, log.epochs(), Amendments(), str(path))
     )
     assert epochs == len(t.command_log) and engine.digest() == t.digest
-    assert read_command_log(path) == t.command_log
+    assert read_command_log(path) == (SavedStart(), t.command_log)
     assert AppTest.from_command_log(workload.app, path).digest == t.digest
+
+
+def test_a_saved_log_after_a_snapshot_replays_from_its_state(tmp_path: Path) -> None:
+    """A cluster's log is trimmed back to its oldest snapshot: a saved log starts with the
+    snapshot's state and carried interior transactions, then the epochs after it."""
+    t = _audited()
+    t.run()
+    start = SavedStart.of(t.engine)  # as a snapshot of the state so far
+    assert start.epoch == t.epoch - 1 and start.actors
+    done = len(t.command_log)
+    t.send("ops", workload.Deposit(3, 7))
+    t.request(workload.transfer, workload.Transfer(3, 2, 4), request_id="after")
+    t.run()
+    path = tmp_path / "after-snapshot.log"
+    with CommandLogWriter(path, start) as out:
+        for record in t.command_log[done:]:
+            out.write(record)
+    replayed = AppTest.from_command_log(workload.app, path, partitions=2)
+    assert replayed.digest == t.digest
+    assert replayed.state(workload.Account) == t.state(workload.Account)
+    assert replayed.replies["after"] == t.replies["after"]
+    replayed.check_determinism(partitions=(1, 4))  # from the same start
+    assert replayed.epoch == t.epoch  # and it goes on where the cluster would
+    # without the snapshot's state the same epochs give another state: the test can fail
+    bare = AppTest.replay(workload.app, t.command_log[done:])
+    assert bare.digest != t.digest
