@@ -98,6 +98,10 @@ def translate_kafka_error(exc: KafkaException, what: str, **context: Any) -> Log
     return LogError(f"{what}: {reason}", **context)
 
 
+_FENCE_ATTEMPT_S = 0.15  # an id takes ~60 ms on a local broker; librdkafka's retry, 500 ms
+_FENCE_QUICK_ATTEMPTS = 4  # then one producer waits (a broker away is not asked by dozens)
+
+
 class KafkaClients:
     """Makes producers, consumers and admin clients for one cluster.
 
@@ -110,6 +114,31 @@ class KafkaClients:
 
     def producer(self, **settings: Any) -> Producer:
         return Producer(self.config.client_settings(**settings), logger=_librdkafka_logger)
+
+    def fenced_producer(self, timeout_s: float, **settings: Any) -> Producer:
+        """A transactional producer whose ``init_transactions`` returned: it holds the
+        transactional id, and the last incarnation's open transaction is aborted.
+
+        When the broker is still aborting that transaction (CONCURRENT_TRANSACTIONS), or the
+        first coordinator lookup went out on the bootstrap connection librdkafka then drops,
+        librdkafka asks again after a fixed 500 ms, where the broker needs milliseconds: every
+        restart waited it. So a producer without an id after :data:`_FENCE_ATTEMPT_S` is
+        destroyed (it never began a transaction) and a new one asks at once, a few times; the
+        last waits out what is left of ``timeout_s``. Raises KafkaException as
+        init_transactions does."""
+        deadline = time.monotonic() + timeout_s
+        for _ in range(_FENCE_QUICK_ATTEMPTS):
+            producer = self.producer(**settings)
+            try:
+                producer.init_transactions(_FENCE_ATTEMPT_S)
+                return producer
+            except KafkaException as exc:
+                if not exc.args[0].retriable():  # out of time, with the last retriable error
+                    raise
+            del producer  # destroyed before its own retry could fence the next one
+        producer = self.producer(**settings)
+        producer.init_transactions(max(0.001, deadline - time.monotonic()))
+        return producer
 
     def consumer(self, **settings: Any) -> Consumer:
         base: dict[str, Any] = {"group.id": "epochal", "enable.auto.commit": False}

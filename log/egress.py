@@ -129,15 +129,14 @@ class EgressWriter:
         self.partition = partition
         self.partitions = partitions
         self.transactional_id = f"{app}.egress.{partition}"
-        self._producer: Producer = clients.producer(**{
-            "transactional.id": self.transactional_id,
-            "transaction.timeout.ms": transaction_timeout_ms,
-            "linger.ms": 5,
-            "batch.size": 1_000_000,
-            "queue.buffering.max.messages": 1_000_000,
-        })  # fmt: skip
-        try:
-            self._producer.init_transactions(30)  # fences the previous incarnation
+        try:  # fences the previous incarnation
+            self._producer: Producer = clients.fenced_producer(30, **{
+                "transactional.id": self.transactional_id,
+                "transaction.timeout.ms": transaction_timeout_ms,
+                "linger.ms": 5,
+                "batch.size": 1_000_000,
+                "queue.buffering.max.messages": 1_000_000,
+            })  # fmt: skip
         except KafkaException as exc:
             raise translate_kafka_error(
                 exc, "cannot start egress", transactional_id=self.transactional_id

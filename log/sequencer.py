@@ -257,17 +257,15 @@ class Sequencer:
         logger.info("sequencer logged its final epoch epoch=%d", record.epoch)
 
     def _producer(self) -> Producer:
-        producer = self.clients.producer(**{
-            "transactional.id": f"{self.config.app}.sequencer",
-            "transaction.timeout.ms": self.config.transaction_timeout_ms,
-            "linger.ms": 0,
-        })  # fmt: skip
         try:
-            producer.init_transactions(_KAFKA_TIMEOUT_S)
+            return self.clients.fenced_producer(_KAFKA_TIMEOUT_S, **{
+                "transactional.id": f"{self.config.app}.sequencer",
+                "transaction.timeout.ms": self.config.transaction_timeout_ms,
+                "linger.ms": 0,
+            })  # fmt: skip
         except KafkaException as exc:
             raise translate_kafka_error(exc, "cannot start the sequencer's transactions",
                                         app=self.config.app) from exc  # fmt: skip
-        return producer
 
     def _resume(self) -> _State:
         """The state after the last logged epoch: from the command log's tail, never its start."""

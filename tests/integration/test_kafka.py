@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import msgspec
 import pytest
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from epochal.log.client import KafkaClients
 from epochal.schemas.codec import decode, encode
@@ -100,3 +100,29 @@ def test_aborted_transaction_is_invisible_to_read_committed_and_committed_one_is
     everything = [decode(m.value() or b"", Reading).sensor for m in _drain(uncommitted, 100)]
     uncommitted.close()
     assert everything.count("aborted") == 50  # the aborted records were written, just hidden
+
+
+def test_a_fenced_producer_aborts_the_zombies_open_transaction_and_the_zombie_cannot_commit(
+    kafka: KafkaClients, topic_factory: Callable[..., str]
+) -> None:
+    """``fenced_producer`` replaces producers that wait out librdkafka's 500 ms retry: whatever
+    it gave up on must not fence the one it returns, and the zombie's open transaction (a
+    killed worker's) is aborted, never committed."""
+    topic = topic_factory()
+    settings = {"transactional.id": f"{topic}.tx", "transaction.timeout.ms": 10_000}
+    for round_ in range(3):
+        zombie = kafka.fenced_producer(30, **settings)
+        zombie.begin_transaction()
+        zombie.produce(topic, value=encode(Reading("zombie", round_, 0.0)))
+        zombie.flush(30)
+        fenced = kafka.fenced_producer(30, **settings)
+        time.sleep(0.7)  # past librdkafka's own retry of a producer given up on
+        fenced.begin_transaction()
+        fenced.produce(topic, value=encode(Reading("fenced", round_, 1.0)))
+        fenced.commit_transaction(30)  # raises if a later producer of the id fenced it
+        with pytest.raises(KafkaException):
+            zombie.commit_transaction(10)
+    committed = _reader(kafka, topic, 1, "read_committed")
+    seen = [decode(m.value() or b"", Reading) for m in _drain(committed, 3)]
+    committed.close()
+    assert [(r.sensor, r.seq) for r in seen] == [("fenced", 0), ("fenced", 1), ("fenced", 2)]
