@@ -98,6 +98,8 @@ def skip_input(
     if topic not in topics | {app.topics.requests}:
         raise ConfigError(f"{topic} is not an input topic of the app (it reads "
                           f"{', '.join(sorted(topics))})", topic=topic)  # fmt: skip
+    if (topic, partition, offset) in read_amendments(clients, app.name).inputs:
+        return SkippedInput(topic, partition, offset, already=True)  # and maybe snapshotted since
     low, high = clients.watermarks(topic, partition)
     if not low <= offset < high:
         raise ConfigError(f"{topic}/{partition} holds offsets {low}..{high - 1}, not {offset}",
@@ -108,8 +110,6 @@ def skip_input(
             f"input {topic}/{partition}@{offset} ran and is part of snapshot ssid={latest.ssid}: "
             "it cannot be skipped now", ssid=latest.ssid,
         )  # fmt: skip
-    if (topic, partition, offset) in read_amendments(clients, app.name).inputs:
-        return SkippedInput(topic, partition, offset, already=True)
     amendment = Amendment(AmendmentKind.SKIP_INPUT, -1, -1, at_ms=int(time.time() * 1000),
                           note="epochal skip --input", topic=topic, partition=partition,
                           offset=offset)  # fmt: skip
