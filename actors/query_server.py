@@ -49,7 +49,14 @@ from epochal.schemas.queries import (
     Values,
 )
 
-__all__ = ["SCAN_BUDGET", "QueryServer", "aggregate_step", "check_binding", "condition_test"]
+__all__ = [
+    "SCAN_BUDGET",
+    "QueryServer",
+    "aggregate_step",
+    "check_binding",
+    "condition_test",
+    "describe_query_metrics",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +95,11 @@ class _BadRequest(QueryError):
         self.code = code
 
 
+def describe_query_metrics(metrics: Metrics) -> None:
+    """The query server's metrics, described from a worker's start (before its server is up)."""
+    metrics.describe("epochal_queries_total", "counter", "query requests answered")
+
+
 class QueryServer:
     """``await QueryServer(engine, ...).start()`` on the worker's loop; ``ready`` once the
     worker has caught up with the log (a replaying worker answers ``recovering``).
@@ -118,7 +130,7 @@ class QueryServer:
         self._connections: set[asyncio.StreamWriter] = set()
         self.served = 0
         if metrics is not None:
-            metrics.describe("epochal_queries_total", "counter", "query requests answered")
+            describe_query_metrics(metrics)
 
     async def start(self) -> None:
         host, port = split_address(self.endpoints[self.engine.worker])

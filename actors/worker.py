@@ -51,7 +51,7 @@ from epochal.actors.outcome import Emitted
 from epochal.actors.outcome_metrics import count_outcomes
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import ensure_same_code
-from epochal.actors.query_server import QueryServer
+from epochal.actors.query_server import QueryServer, describe_query_metrics
 from epochal.actors.snapshots import (
     SnapshotCommitter,
     Snapshots,
@@ -133,6 +133,8 @@ class Worker:
             "counter",
             "transactions each partition took part in",
         )
+        if config.query:
+            describe_query_metrics(self.metrics)
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         if self.config.cpu is not None and hasattr(os, "sched_setaffinity"):

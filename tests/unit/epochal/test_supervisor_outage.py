@@ -44,7 +44,9 @@ def test_work_is_repeated_until_the_broker_answers(
     assert done == [True]
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2 and "unreachable" in lines[0] and "reachable again" in lines[1]
-    assert 'epochal_broker_available{app="shop",role="supervisor"} 1' in supervisor.metrics.render()
+    assert 'epochal_broker_available{app="shop",role="supervisor"} 1.0' in (
+        supervisor.metrics.render()
+    )
 
 
 def test_a_stop_ends_the_wait_and_other_errors_are_not_waited_out(
