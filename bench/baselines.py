@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 from confluent_kafka import (
@@ -51,6 +51,9 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+
+# the app's own schema: records are checked on decode as the app's sequencer checks them
+from examples.bank.app import Deposit, Receipt, Transfer
 
 __all__ = [
     "Aborted",
@@ -67,32 +70,6 @@ __all__ = [
 logger = logging.getLogger("bench.baselines")
 
 BATCH = 10_000
-
-# The app's schema (examples/bank/app.py), checked on decode as the app's sequencer checks it.
-AccountKey = Annotated[str, msgspec.Meta(pattern=r"^acct-\d{4}$")]
-Amount = Annotated[int, msgspec.Meta(gt=0)]
-
-
-class Deposit(msgspec.Struct, frozen=True, tag=True):
-    account: AccountKey
-    amount: Amount
-
-
-class Transfer(msgspec.Struct, frozen=True, tag=True):
-    source: AccountKey
-    target: AccountKey
-    amount: Amount
-
-
-class Receipt(msgspec.Struct, frozen=True):
-    """The app's receipt, field for field; ``at_ms`` is the batch's wall-clock time."""
-
-    source: str
-    target: str
-    amount: int
-    source_balance: int
-    target_balance: int
-    at_ms: int
 
 
 class Aborted(msgspec.Struct, frozen=True):
