@@ -20,6 +20,7 @@ import hmac
 import logging
 import operator
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -98,6 +99,7 @@ class _BadRequest(QueryError):
 def describe_query_metrics(metrics: Metrics) -> None:
     """The query server's metrics, described from a worker's start (before its server is up)."""
     metrics.describe("epochal_queries_total", "counter", "query requests answered")
+    metrics.describe("epochal_query_seconds_sum", "counter", "time answering them, in the worker")
 
 
 class QueryServer:
@@ -234,15 +236,22 @@ class QueryServer:
                               generation=self.generation)  # fmt: skip
         if not self.ready:
             raise _BadRequest(QueryCode.RECOVERING, "this worker is still replaying the log")
+        started = time.perf_counter()
         actor_type = self._actor_type(request.actor_type)
         epoch = self._epoch(request.level, request.epoch)
-        if self.metrics is not None:
-            kind = "get" if isinstance(request, Get) else "scan"
-            self.metrics.inc("epochal_queries_total", kind=kind, level=request.level.name.lower())
+        reply: Reply
         if isinstance(request, Get):
             values = self._values(actor_type, request.keys, epoch)
-            return Values(request.id, self.generation, epoch, values, engine.completed)
-        return self._scan(actor_type, request, epoch)
+            reply = Values(request.id, self.generation, epoch, values, engine.completed)
+        else:
+            reply = self._scan(actor_type, request, epoch)
+        if self.metrics is not None:
+            kind = "get" if isinstance(request, Get) else "scan"
+            level = request.level.name.lower()
+            self.metrics.inc("epochal_queries_total", kind=kind, level=level)
+            seconds = time.perf_counter() - started
+            self.metrics.inc("epochal_query_seconds_sum", seconds, kind=kind, level=level)
+        return reply
 
     def _actor_type(self, name: str) -> ActorType:
         actor_type = self.app.actor_types.get(name)

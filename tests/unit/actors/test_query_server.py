@@ -24,6 +24,7 @@ from epochal.actors.query_server import SCAN_BUDGET, QueryServer
 from epochal.actors.transport import Peers
 from epochal.client import COMMITTED, LIVE, SERIALIZABLE, QueryClient
 from epochal.errors import QueryError, QueryUnavailableError
+from epochal.metrics import Metrics
 from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.commands import EpochRecord, KeyRef
 from tests.conftest import free_ports
@@ -59,8 +60,9 @@ def _oracle_states(records: list[EpochRecord]) -> dict[int, dict[KeyRef, bytes]]
 
 @asynccontextmanager
 async def _cluster(
-    workers: int = 2, partitions: int = 4, token: str = "", tls: ssl.SSLContext | None = None
-) -> AsyncIterator[tuple[list[Engine], list[QueryServer], list[str]]]:
+    workers: int = 2, partitions: int = 4, token: str = "", tls: ssl.SSLContext | None = None,
+    metrics: list[Metrics] | None = None,
+) -> AsyncIterator[tuple[list[Engine], list[QueryServer], list[str]]]:  # fmt: skip
     base = free_ports(2 * workers)
     peers_at = [f"127.0.0.1:{base + w}" for w in range(workers)]
     query_at = [f"127.0.0.1:{base + workers + w}" for w in range(workers)]
@@ -72,7 +74,10 @@ async def _cluster(
             else None
         )
         engines.append(Engine(app, partitions, w, workers, peers, queries=True))
-    servers = [QueryServer(e, query_at, 1, token=token, tls=tls) for e in engines]
+    servers = [
+        QueryServer(e, query_at, 1, token=token, tls=tls, metrics=metrics[w] if metrics else None)
+        for w, e in enumerate(engines)
+    ]
     await asyncio.gather(*(e.peers.start() for e in engines if e.peers))
     for server in servers:
         await server.start()
@@ -189,6 +194,33 @@ def test_committed_point_reads_and_aggregates_follow_the_oracle() -> None:
             assert await client.get(Account, 999_999) is None
 
     asyncio.run(main())
+
+
+def test_queries_are_counted_and_timed_per_kind_and_isolation_level() -> None:
+    records = _records(3)
+    metrics = [Metrics(worker=str(w)) for w in range(2)]
+
+    async def main() -> None:
+        async with (
+            _cluster(metrics=metrics) as (engines, _, endpoints),
+            QueryClient(app, endpoints) as client,
+        ):
+            for record in records:
+                await asyncio.gather(*(e.run_epoch(record) for e in engines))
+            for _ in range(3):
+                await client.get(Account, 1, isolation=COMMITTED)
+            await client.scan(Account, 0, 10, isolation=LIVE)
+
+    asyncio.run(main())
+
+    def total(name: str, **labels: str) -> float:
+        return sum(m.get(name, **labels) for m in metrics)
+
+    assert total("epochal_queries_total", kind="get", level="committed") == 3
+    assert total("epochal_queries_total", kind="scan", level="live") >= 1  # one per worker asked
+    assert total("epochal_query_seconds_sum", kind="get", level="committed") > 0
+    assert total("epochal_query_seconds_sum", kind="scan", level="live") > 0
+    assert total("epochal_queries_total", kind="get", level="live") == 0
 
 
 def test_scans_beyond_one_request_page_through() -> None:
