@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["numa_cpus", "worker_cpus"]
+__all__ = ["default_workers", "numa_cpus", "worker_cpus"]
 
 
 def _parse_cpulist(text: str) -> list[int]:
@@ -38,6 +38,16 @@ def numa_cpus(root: Path = Path("/sys/devices/system/node")) -> list[list[int]]:
     if not nodes:
         nodes = [sorted(usable) if usable is not None else list(range(os.cpu_count() or 1))]
     return nodes
+
+
+def default_workers(nodes: list[list[int]] | None = None) -> int:
+    """Worker processes when none are asked for: one per usable core but one, at least one.
+
+    The sequencer (and a broker on the same host) needs a core too, and a transaction whose
+    keys live on two workers runs on both: on 2 cores one worker drains the bank example
+    1.8 times as fast as two (54k against 30k transfers/s, ``python -m bench.bank``)."""
+    nodes = nodes if nodes is not None else numa_cpus()
+    return max(1, sum(len(node) for node in nodes) - 1)
 
 
 def worker_cpus(workers: int, nodes: list[list[int]] | None = None) -> list[int]:

@@ -126,11 +126,11 @@ def _settings(pairs: list[str]) -> dict[str, str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from epochal.actors.layout import numa_cpus
+    from epochal.actors.layout import default_workers
     from epochal.supervisor import ClusterConfig, Supervisor
 
     _apps_from_working_directory()
-    workers = args.workers or sum(len(node) for node in numa_cpus())
+    workers = args.workers or default_workers()
     partitions = args.partitions or 2 * workers
     peers = (
         tuple(args.peers.split(","))
@@ -179,7 +179,8 @@ def _run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     _check_before_start(config)
     console.print(
-        f"running {args.app} as {app_name!r}: {workers} workers, {partitions} partitions, "
+        f"running {args.app} as {app_name!r}: {workers} worker{'s' * (workers != 1)}, "
+        f"{partitions} partitions, "
         f"Kafka at {args.bootstrap} (Ctrl-C or SIGTERM stops)"
     )
     return Supervisor(config).run()
@@ -558,7 +559,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _run_flags(run: argparse.ArgumentParser) -> None:
     """The flags of ``epochal run``: layout, epochs, failures, snapshots."""
-    run.add_argument("--workers", type=int, default=0, help="worker processes (default: cores)")
+    run.add_argument("--workers", type=int, default=0,
+                     help="worker processes (default: usable cores - 1, at least 1)")  # fmt: skip
     run.add_argument("--partitions", type=int, default=0, help="partitions (default 2 per worker)")
     run.add_argument("--epoch-ms", type=int, default=20, help="close an epoch after this long")
     run.add_argument("--epoch-records", type=int, default=5000, help="... or this many records")

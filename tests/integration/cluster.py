@@ -22,6 +22,7 @@ import msgspec
 from confluent_kafka import Producer
 
 from epochal.actors.api import App
+from epochal.actors.layout import default_workers
 from epochal.actors.oracle import SerialOracle
 from epochal.config import SnapshotConfig
 from epochal.errors import LogError
@@ -76,7 +77,7 @@ class Cluster:
 
     def start(
         self,
-        workers: int = 2,
+        workers: int | None = 2,
         partitions: int = 4,
         metrics_port: int = 0,
         snapshot_ms: int = 1000,
@@ -85,15 +86,18 @@ class Cluster:
         """Starts a run and waits for its processes; returns the workers' port base.
 
         With ``metrics_port`` P, worker w serves metrics on P+w and the sequencer on P+workers.
-        Snapshots go to ``<run_dir>/warehouse`` every ``snapshot_ms`` (0: none).
+        Snapshots go to ``<run_dir>/warehouse`` every ``snapshot_ms`` (0: none). ``workers``
+        None: epochal's default layout (no ``--workers``, no ``--partitions``).
         """
+        layout = ["--workers", str(workers), "--partitions", str(partitions)] if workers else []
+        workers = workers or default_workers()
         port_base = free_ports(2 * workers + 1)  # peers, the feed (weak mode), query servers
         self.query_base = port_base + workers + 1
         self.metrics_port = metrics_port
         command = [
             EPOCHAL, "run", self.app_spec, "--name", self.name,
-            "--bootstrap", self.kafka.config.bootstrap_servers, "--workers", str(workers),
-            "--partitions", str(partitions), "--port-base", str(port_base),
+            "--bootstrap", self.kafka.config.bootstrap_servers, *layout,
+            "--port-base", str(port_base),
             "--run-dir", str(self.run_dir), "--metrics-port", str(metrics_port),
             "--epoch-ms", "20", "--failure-timeout-ms", str(BOUND_MS),
             "--startup-timeout-ms", "20000", "--warehouse", str(self.warehouse),

@@ -17,6 +17,7 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from epochal.actors.layout import default_workers
 from epochal.actors.oracle import SerialOracle
 from epochal.config import KafkaConfig
 from epochal.log.client import KafkaClients
@@ -158,3 +159,26 @@ def test_interior_transactions_run_although_the_input_goes_idle(shared: Cluster)
         if o.handler == "audit" and o.source is not None and o.source.offset == offset
     ]
     assert [(o.epoch, o.seq, o.committed) for o in audits] == [(parent + 1, -1, True)]
+
+
+def test_the_default_layout_leaves_a_core_to_the_sequencer_and_applies_each_input_once(
+    kafka_config: KafkaConfig, tmp_path: Path
+) -> None:
+    """``epochal run`` without ``--workers``/``--partitions``: one worker per usable core but
+    one (at least one), two partitions each; a worker killed mid-stream changes nothing."""
+    cluster = Cluster(f"dl{uuid.uuid4().hex[:8]}", tmp_path, KafkaClients(kafka_config))
+    try:
+        cluster.start(workers=None)
+        assert len(cluster.status()["workers"]) == default_workers()
+        workers = default_workers()
+        said = f"{workers} worker{'s' * (workers != 1)}, {2 * workers} partitions"
+        assert said in cluster.log(), cluster.log()
+        cluster.produce(1500, deposits=True)
+        generation = cluster.generation()
+        os.kill(int(cluster.status()["workers"][0]), signal.SIGKILL)
+        wait_until(lambda: cluster.generation() > generation, 30, "no rollback", log=cluster.log)
+        cluster.produce(1500)
+        cluster.check_against_the_oracle()
+        cluster.stop()
+    finally:
+        cluster.close()
