@@ -282,25 +282,32 @@ class AppTest(Results):
     def run(self) -> Results:
         """Run one epoch of what was sent, then one more (a tick, as worker 0 asks for) while
         interior transactions wait. Returns what this run produced; raises RuntimeError if
-        the app still emits after ``max_epochs`` epochs."""
+        the app still emits after ``max_epochs`` epochs. In an async test: :meth:`run_async`."""
+        return asyncio.run(self.run_async())
+
+    async def run_async(self) -> Results:
+        """:meth:`run`, awaited on the running event loop (an async test's)."""
         run = Results(self.app)
         try:
             if self._inputs or self._requests:
                 inputs, requests = self._inputs, self._requests
                 self._inputs, self._requests = [], []
-                self._epoch(run, inputs, requests)
+                await self._epoch(run, inputs, requests)
             while self.engine.carried:
                 if len(run.command_log) >= self.max_epochs:
                     raise RuntimeError(_never_settles(run, self.max_epochs))
                 tick = encode(ClientRequest.tick(self.epoch - 1))
                 topic = self.app.topics.requests
                 offset = self._take_offset(topic, 0)
-                self._epoch(run, [], [InputRecord(topic, 0, offset, tick, None, self.now_ms)])
+                tick_record = InputRecord(topic, 0, offset, tick, None, self.now_ms)
+                await self._epoch(run, [], [tick_record])
         finally:  # the epochs that ran are the test's, even if the run failed
             self._extend(run)
         return run
 
-    def _epoch(self, run: Results, inputs: list[InputRecord], requests: list[InputRecord]) -> None:
+    async def _epoch(
+        self, run: Results, inputs: list[InputRecord], requests: list[InputRecord]
+    ) -> None:
         seed = random.Random(f"epochal.testing:{self.seed}:{self.epoch}").getrandbits(63)
         stamp = EpochStamp(self.epoch, self.now_ms, seed, self._code_hash)
         sequenced = order(
@@ -310,7 +317,7 @@ class AppTest(Results):
         record = sequenced.record
         self._window.remember(sequenced.requests_seen, record.now_ms)
         self._window.prune(record.now_ms)
-        result = asyncio.run(self.engine.run_epoch(record))
+        result = await self.engine.run_epoch(record)
         run._add(record, result, sequenced.dead)
         self._logged(record)
 

@@ -4,6 +4,7 @@ a determinism check that can fail, and replay of a saved command log."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from pathlib import Path
 
@@ -209,6 +210,22 @@ def test_emitted_events_run_as_interior_transactions_in_a_follow_up_epoch() -> N
     assert 0 <= log.lucky < 1
     assert t.get(workload.Account, 1) == workload.Account(90, touched=104)
     assert t.run().command_log == []  # settled: nothing waits
+
+
+def test_an_async_test_awaits_run_async_on_its_own_loop() -> None:
+    """``run()`` starts an event loop; an async test (already on one) awaits ``run_async``,
+    with the same results, interior epochs included."""
+    synchronous = _audited()
+    expected = synchronous.run()
+
+    t = _audited()  # its first run, before the loop
+
+    async def scenario() -> None:
+        run = await t.run_async()
+        assert [r.epoch for r in run.command_log] == [r.epoch for r in expected.command_log]
+        assert t.digest == synchronous.digest and run.emitted == expected.emitted
+
+    asyncio.run(scenario())
 
 
 def test_ctx_random_is_the_same_for_the_same_seed_and_differs_for_another() -> None:
