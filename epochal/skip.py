@@ -34,14 +34,21 @@ __all__ = ["Skipped", "SkippedInput", "parse_input", "skip_input", "skip_transac
 
 @dataclass(frozen=True)
 class Skipped:
-    """What was skipped; ``already``: an earlier skip had recorded it (nothing was written)."""
+    """What was skipped; ``already``: an earlier skip had recorded it (nothing was written;
+    ``txn`` None: its epoch is in a snapshot since, and the log may no longer hold it)."""
 
     epoch: int
-    txn: CommandTxn
+    seq: int
+    txn: CommandTxn | None
     already: bool
 
     def describe(self, app: App) -> str:
         txn = self.txn
+        if txn is None:
+            return (
+                f"transaction epoch={self.epoch} seq={self.seq} was already skipped: it went to "
+                f"{app.topics.dead_letters} when the cluster ran epoch {self.epoch}"
+            )
         source = txn.source
         where = f"{source.topic}/{source.partition}@{source.offset}" if source else "no input"
         if txn.request_id:
@@ -146,7 +153,10 @@ def skip_transaction(
             "this app runs in weak recovery mode, which logs no epochs: name the input "
             "instead, --input TOPIC/PARTITION@OFFSET, as the poison line gives it", app=app.name,
         )  # fmt: skip
+    skipped = read_amendments(clients, app.name).skipped(epoch, seq)
     if latest is not None and epoch <= latest.epoch:
+        if skipped:  # and snapshotted since
+            return Skipped(epoch, seq, None, already=True)
         raise ConfigError(
             f"epoch {epoch} ran and is part of snapshot ssid={latest.ssid}: it cannot be "
             "skipped now", epoch=epoch, ssid=latest.ssid,
@@ -162,8 +172,8 @@ def skip_transaction(
         seqs = [t.seq for t in logged.record.txns]
         held = f"seqs {seqs[0]}..{seqs[-1]}" if seqs else "no transaction"
         raise ConfigError(f"epoch {epoch} has no seq {seq} (it holds {held})", epoch=epoch)
-    if read_amendments(clients, app.name).skipped(epoch, seq):
-        return Skipped(epoch, txn, already=True)
+    if skipped:
+        return Skipped(epoch, seq, txn, already=True)
     state = read_egress_state(clients, app.name, committed=False)
     released = {p: e.position for p, e in state.positions.items() if e.position > logged.position}
     if released:
@@ -176,4 +186,4 @@ def skip_transaction(
     amendment = Amendment(AmendmentKind.SKIP, epoch, epoch, seq=seq,
                           at_ms=int(time.time() * 1000), note=note)  # fmt: skip
     append_amendment(clients, app.name, amendment)
-    return Skipped(epoch, txn, already=False)
+    return Skipped(epoch, seq, txn, already=False)

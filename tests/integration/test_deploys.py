@@ -110,6 +110,34 @@ def test_a_skipped_poison_input_goes_to_the_dead_letters_once_and_the_app_goes_o
     cluster.stop()
 
 
+def test_a_skip_repeated_after_a_snapshot_of_its_epoch_is_already_skipped(cluster: Cluster) -> None:
+    """Once the skipped transaction's epoch is in a snapshot, a repeated ``epochal skip`` still
+    says it was skipped (it said the epoch could not be skipped any more) and writes nothing."""
+    cluster.app_spec = V1
+    cluster.start(workers=1, partitions=2, snapshot_ms=500)
+    ups = _top_ups(cluster, [1, 13, 2])
+    wait_until(lambda: cluster.generation() >= 2, 60, "the poison never crashed a worker",
+               log=cluster.log)  # fmt: skip
+    epoch, seq, _ = _poison(cluster)
+    skip = ["skip", V1, "--name", cluster.name, "--epoch", str(epoch), "--seq", str(seq),
+            "--bootstrap", cluster.kafka.config.bootstrap_servers,
+            "--warehouse", str(cluster.warehouse)]  # fmt: skip
+    done = _epochal(*skip)
+    assert done.returncode == 0 and "is skipped" in done.stdout, done.stdout + done.stderr
+    wait_until(lambda: len(_receipts(cluster)) == len(ups) - 1, 60,
+               "the app did not get past the skipped transaction", log=cluster.log)  # fmt: skip
+    latest = lambda: cluster.snapshots().latest()  # noqa: E731
+    wait_until(lambda: (m := latest()) is not None and m.epoch >= epoch, 30, "no snapshot")
+    amendments = f"{cluster.name}.amendments"
+    written = cluster.kafka.end_offset(amendments)
+    again = _epochal(*skip)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"transaction epoch={epoch} seq={seq} was already skipped" in again.stdout
+    assert cluster.kafka.end_offset(amendments) == written  # nothing written again
+    cluster.stop()
+    assert len(cluster.dead_letters()) == 1
+
+
 def test_in_weak_mode_a_poison_input_is_skipped_by_its_coordinates_once(cluster: Cluster) -> None:
     """Weak mode logs no epochs and sequences the input anew at each rollback: the poison line
     names the input, and ``epochal skip --input`` sends that record to the dead letters."""
