@@ -63,7 +63,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import msgspec
 from confluent_kafka import Producer, TopicPartition
@@ -269,8 +269,41 @@ def _snapshots_taken(run_dir: Path) -> int:
         return 0
 
 
-class _Cluster:
-    """``epochal run`` of the bank for one run, with its RSS sampled; stopped by SIGTERM."""
+class _Sampled:
+    """A process a run measures, started from ``cwd`` (its log in ``run_dir/run.log``), its
+    CPU and RSS sampled by ``sampler``; stopped by SIGTERM."""
+
+    command: list[str]
+    sampler: RssSampler
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+        self.run_dir = Path(tempfile.mkdtemp(prefix="epochal-bench-"))
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+
+    def __enter__(self) -> Self:
+        env = {**os.environ, "PYTHONPATH": str(self.cwd)}
+        with open(self.run_dir / "run.log", "wb") as log:
+            self.started = time.monotonic()
+            self.process = subprocess.Popen(self.command, cwd=self.cwd, env=env, stdout=log,
+                                            stderr=subprocess.STDOUT)  # fmt: skip
+        self._started(self.process.pid)
+        self.sampler.start()
+        return self
+
+    def _started(self, pid: int) -> None:
+        """Before sampling starts (a cluster's sampler finds its pids in its status file)."""
+
+    def __exit__(self, *exc: object) -> None:
+        self.sampler.stopping.set()
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(60)
+
+
+class _Cluster(_Sampled):
+    """``epochal run`` of the bank for one run (of ``setup``'s checkout)."""
 
     def __init__(
         self,
@@ -280,28 +313,11 @@ class _Cluster:
         port_base: int,
         broker_pid: int | None = None,
     ) -> None:
+        super().__init__(setup.checkout)
         self.setup = setup
         self.name = name
-        self.run_dir = Path(tempfile.mkdtemp(prefix="epochal-bench-"))
         self.command = _command(setup, name, bootstrap, port_base, self.run_dir)
         self.sampler = RssSampler(self.run_dir / name / "processes.json", broker_pid=broker_pid)
-        self.process: subprocess.Popen[bytes] | None = None
-        self.started = 0.0
-
-    def __enter__(self) -> _Cluster:
-        env = {**os.environ, "PYTHONPATH": str(self.setup.checkout)}
-        with open(self.run_dir / "run.log", "wb") as log:
-            self.started = time.monotonic()
-            self.process = subprocess.Popen(self.command, cwd=self.setup.checkout, env=env,
-                                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        self.sampler.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.sampler.stopping.set()
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(60)
 
     def facts(self) -> dict[str, Any]:
         return {
@@ -363,36 +379,21 @@ BASELINES = {"bank": "plain bank", "pipe": "exactly-once pipe"}  # kind -> label
 PLAIN_BANK_BAR = 1 / 5  # epochal's default cluster should reach this share of the plain bank
 
 
-class _Baseline:
-    """``python -m bench.baselines <kind>`` for one run, with its CPU and RSS sampled like a
-    cluster's roles (role ``baseline``); stopped by SIGTERM."""
+class _Baseline(_Sampled):
+    """``python -m bench.baselines <kind>`` for one run, sampled like a cluster's roles (role
+    ``baseline``)."""
 
     def __init__(self, kind: str, name: str, bootstrap: str, broker_pid: int | None) -> None:
-        self.run_dir = Path(tempfile.mkdtemp(prefix="epochal-bench-"))
+        super().__init__(ROOT)
         self.command = [
             sys.executable, "-m", "bench.baselines", kind, "--bootstrap", bootstrap,
             "--input", f"{name}.in.transfers", "--output", f"{name}.out.receipts",
             "--errors", f"{name}.out.errors", "--transactional-id", f"{name}.plain-{kind}",
         ]  # fmt: skip
         self.sampler = RssSampler(None, broker_pid=broker_pid)
-        self.process: subprocess.Popen[bytes] | None = None
-        self.started = 0.0
 
-    def __enter__(self) -> _Baseline:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        with open(self.run_dir / "run.log", "wb") as log:
-            self.started = time.monotonic()
-            self.process = subprocess.Popen(self.command, cwd=ROOT, env=env, stdout=log,
-                                            stderr=subprocess.STDOUT)  # fmt: skip
-        self.sampler.pids = {"baseline": self.process.pid}
-        self.sampler.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.sampler.stopping.set()
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(60)
+    def _started(self, pid: int) -> None:
+        self.sampler.pids = {"baseline": pid}
 
 
 def run_baseline(
