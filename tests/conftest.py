@@ -69,6 +69,19 @@ def free_port_pair() -> int:
     return free_ports(2)
 
 
+def gone(pid: int) -> bool:
+    """True once process ``pid`` has ended: no such process, or a zombie not reaped yet."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()  # "pid (title, spaces and all) state ..."
+        return stat.rsplit(")", 1)[1].split()[0] == "Z"  # killed, not reaped yet
+    except FileNotFoundError:
+        return True  # reaped meanwhile
+
+
 def _docker_answers() -> bool:
     """True if a Docker engine answers a ping.
 

@@ -34,7 +34,7 @@ from epochal.schemas.codec import decode
 from epochal.schemas.commands import DeadLetter, EpochRecord
 from epochal.schemas.egress import EgressRecord
 from epochal.schemas.snapshots import Manifest
-from tests.conftest import free_ports
+from tests.conftest import free_ports, gone
 from tests.unit.actors.workload import Deposit, Transfer, app
 
 __all__ = ["ACCOUNTS", "BOUND_MS", "SLACK_S", "Cluster", "gone", "wait_until"]
@@ -285,18 +285,6 @@ def wait_until(
         assert time.monotonic() < deadline, f"{what}\n{log()}"
         time.sleep(0.02)
     return time.monotonic()
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()  # "pid (title, spaces and all) state ..."
-        return stat.rsplit(")", 1)[1].split()[0] == "Z"  # killed, not reaped yet
-    except FileNotFoundError:
-        return True  # reaped meanwhile
 
 
 def app_named(name: str) -> App:

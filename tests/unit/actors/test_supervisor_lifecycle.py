@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from epochal.actors.lifecycle import is_title_of, kill_earlier
+from tests.conftest import gone
 
 CHILD = textwrap.dedent("""
     import os, sys, time
@@ -34,18 +35,11 @@ PARENT = textwrap.dedent("""
 
 def _gone(pid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
-                return True  # killed, waiting to be reaped by init
-        except FileNotFoundError:
-            return True  # reaped meanwhile
+    while not gone(pid):
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.02)
-    return False
+    return True
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
