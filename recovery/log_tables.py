@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -150,37 +151,62 @@ def _logged_rows(
     outcomes: tuple[list[bool], list[str]] | None,
 ) -> pa.Table:
     """Rows of logged transactions, and one per epoch in ``empty``, with ``outcomes`` (else
-    null). Built column by column (on the snapshot writer's thread, which shares the GIL with
-    the epoch loop): no dict per row."""
-    as_json = _EventJson(app)
-    sources = [t.source for _, t in txns]
-    none: list[None] = [None] * len(empty)
-    columns: dict[str, list[Any]] = {
-        "ssid": [ssid] * (len(txns) + len(empty)),
-        "epoch": [r.epoch for r, _ in txns] + [r.epoch for r in empty],
-        "time": [r.now_ms for r, _ in txns] + [r.now_ms for r in empty],
-        "seq": [t.seq for _, t in txns] + [-1] * len(empty),
-        "handler": [t.handler for _, t in txns] + [""] * len(empty),
-        "event_json": as_json.many([(t.handler, t.event) for _, t in txns]) + none,
-        "keys": [_keys(t.keys) for _, t in txns] + [[] for _ in empty],
-        "origin": [_ORIGINS[t.origin] for _, t in txns] + [""] * len(empty),
+    null). Built column by column on the snapshot writer's thread, which shares the GIL (and, on
+    a small machine, the cores) with the epoch loop: a row costs a few list items, no dict;
+    what an epoch fixes (time, seed, code hash) is taken per epoch and repeated by Arrow, and
+    the keys are one flat column cut into lists."""
+    records = [r for r, _ in txns] + list(empty)
+    commands = [t for _, t in txns]
+    rows, logged = len(records), len(commands)
+    none: list[None] = [None] * (rows - logged)
+    sources = [t.source for t in commands]
+    listed: dict[str, list[Any]] = {
+        "seq": [t.seq for t in commands] + [-1] * len(none),
+        "handler": [t.handler for t in commands] + [""] * len(none),
+        "event_json": _EventJson(app).many([(t.handler, t.event) for t in commands]) + none,
+        "origin": [_ORIGINS[t.origin] for t in commands] + [""] * len(none),
         "source_topic": [s.topic if s else None for s in sources] + none,
         "source_partition": [s.partition if s else None for s in sources] + none,
         "source_offset": [s.offset if s else None for s in sources] + none,
-        "request_id": [t.request_id or None for _, t in txns] + none,
-        "code_hash": [r.code_hash for r, _ in txns] + [r.code_hash for r in empty],
-        "seed": [r.seed for r, _ in txns] + [r.seed for r in empty],
-        "txn": [encode_canonical(t) for _, t in txns] + none,
+        "request_id": [t.request_id or None for t in commands] + none,
+        "txn": [encode_canonical(t) for t in commands] + none,
     }
     if outcomes is not None:
-        columns["committed"] = outcomes[0] + none
-        columns["reason"] = outcomes[1] + none
-    rows = len(columns["ssid"])
+        listed["committed"] = outcomes[0] + none
+        listed["reason"] = outcomes[1] + none
+    columns = {name: pa.array(v, COMMANDS_SCHEMA.field(name).type) for name, v in listed.items()}
+    columns["ssid"] = pa.array(itertools.repeat(ssid, rows), pa.int64(), size=rows)
+    columns["keys"] = _key_lists(commands, rows)
+    columns.update(_per_epoch(records))
     return pa.table(
-        [pa.array(columns[f.name], f.type) if f.name in columns else pa.nulls(rows, f.type)
+        [columns[f.name] if f.name in columns else pa.nulls(rows, f.type)
          for f in COMMANDS_SCHEMA],
         schema=COMMANDS_SCHEMA,
     )  # fmt: skip
+
+
+def _per_epoch(records: Sequence[EpochRecord]) -> dict[str, pa.Array]:
+    """The columns an epoch fixes, for rows of ``records`` (consecutive rows mostly share one):
+    each epoch's values once, taken by row."""
+    firsts: dict[int, int] = {}
+    index = [firsts.setdefault(id(r), len(firsts)) for r in records]
+    unique = list({id(r): r for r in records}.values())
+    take = pa.array(index, pa.int32())
+    return {
+        "epoch": pa.array([r.epoch for r in unique], pa.int64()).take(take),
+        "time": pa.array([r.now_ms for r in unique], pa.timestamp("ms", tz="UTC")).take(take),
+        "code_hash": pa.array([r.code_hash for r in unique], pa.string()).take(take),
+        "seed": pa.array([r.seed for r in unique], pa.int64()).take(take),
+    }
+
+
+def _key_lists(commands: Sequence[CommandTxn], rows: int) -> pa.Array:
+    """The ``keys`` column: each transaction's keys as text, then an empty list per row left."""
+    texts = _KEY_TEXTS
+    flat = [texts.get(k) or _key_text(k) for t in commands for k in t.keys]
+    ends = list(itertools.accumulate((len(t.keys) for t in commands), initial=0))
+    ends += [ends[-1]] * (rows - len(commands))
+    return pa.ListArray.from_arrays(pa.array(ends, pa.int32()), pa.array(flat, pa.string()))
 
 
 _ORIGINS = {origin: origin.name.lower() for origin in Origin}

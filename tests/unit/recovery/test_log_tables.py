@@ -10,7 +10,9 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epochal.recovery.log_tables import _EventJson
+from epochal.actors.snapshots import Reported
+from epochal.recovery.log_tables import _EventJson, reported_commands_table
+from epochal.schemas.commands import CommandTxn, EpochRecord, InputPosition, KeyRef, Origin
 from tests.unit.actors.workload import Deposit, Transfer, app
 
 _EVENTS = st.one_of(
@@ -34,3 +36,59 @@ def test_event_json_in_batches_is_the_event_json_of_each(events: list[tuple[str,
     for text in one_by_one:
         if text is not None:
             json.loads(text)
+
+
+_TXN = st.builds(
+    lambda handler, account, origin, at, request: CommandTxn(
+        0, handler, msgspec.msgpack.encode(Deposit(account, 1)),
+        (KeyRef("Account", account), KeyRef("Account", account + 1))[: 1 + account % 2],
+        origin, at, request,
+    ),
+    st.sampled_from(["deposit", "gone"]), st.integers(0, 39), st.sampled_from(list(Origin)),
+    st.one_of(st.none(), st.builds(InputPosition, st.just("testbank.in.x"), st.integers(0, 3),
+                                   st.integers(0, 10**6))),
+    st.sampled_from(["", "r-1"]),
+)  # fmt: skip
+_EPOCHS = st.lists(st.lists(_TXN, max_size=4), max_size=6)
+
+
+@given(_EPOCHS, st.booleans(), st.integers(0, 2**63 - 1))
+def test_archive_rows_are_the_transactions_as_logged(
+    epochs: list[list[CommandTxn]], empty_epochs: bool, salt: int
+) -> None:
+    """Each reported transaction's row carries its own epoch's time, seed and hash, its keys and
+    its outcome, and an epoch without transactions one ``seq`` -1 row, whatever the mix: the
+    columns are built apart (per epoch, flat keys), so a row that took another's value shows."""
+    records = [
+        EpochRecord(epoch, 1_000 + epoch, (salt + epoch) % 2**63, f"h{epoch}",
+                    tuple(msgspec.structs.replace(t, seq=seq) for seq, t in enumerate(txns)))
+        for epoch, txns in enumerate(epochs)
+    ]  # fmt: skip
+    reported = [
+        Reported(r.epoch, r.now_ms, r.seed, r.code_hash, [t.seq for t in r.txns],
+                 {t.seq: f"no {t.seq}" for t in r.txns if t.seq % 2}, {})
+        for r in records
+    ]  # fmt: skip
+    table = reported_commands_table(app, 7, records, reported, empty_epochs)
+    table.validate(full=True)
+    as_json = _EventJson(app)
+    expected = [
+        {"ssid": 7, "epoch": r.epoch, "now_ms": r.now_ms, "seq": t.seq, "handler": t.handler,
+         "event_json": as_json(t.handler, t.event),
+         "keys": [f"{k.actor_type}:{k.key!r}" for k in t.keys],
+         "origin": t.origin.name.lower(), "source_topic": t.source and t.source.topic,
+         "source_offset": t.source and t.source.offset, "request_id": t.request_id or None,
+         "code_hash": r.code_hash, "seed": r.seed, "txn": msgspec.msgpack.encode(t),
+         "committed": t.seq % 2 == 0, "reason": f"no {t.seq}" if t.seq % 2 else ""}
+        for r in records for t in r.txns
+    ] + [
+        {"ssid": 7, "epoch": r.epoch, "now_ms": r.now_ms, "seq": -1, "handler": "",
+         "event_json": None, "keys": [], "origin": "", "source_topic": None,
+         "source_offset": None, "request_id": None, "code_hash": r.code_hash, "seed": r.seed,
+         "txn": None, "committed": None, "reason": None}
+        for r in records if not r.txns and empty_epochs
+    ]  # fmt: skip
+    rows = table.to_pylist()
+    for row in rows:
+        row["now_ms"] = round(row.pop("time").timestamp() * 1000)
+    assert [{k: row[k] for k in expected[0]} for row in rows] == expected if expected else not rows
