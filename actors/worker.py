@@ -59,6 +59,7 @@ from epochal.actors.snapshots import (
     carried_of,
     with_log_position,
 )
+from epochal.actors.status_report import WorkerReport
 from epochal.actors.store import Change
 from epochal.actors.transport import CommittedFrame, PartFrame, Peers
 from epochal.config import KafkaConfig, WorkerConfig
@@ -69,10 +70,12 @@ from epochal.log.command_log import EpochPoller, KafkaCommandLog, LoggedEpoch
 from epochal.log.egress import EgressWriter, read_egress_state
 from epochal.log.epoch_feed import EpochFeed, FeedClosed, FeedHello, stopping_soon
 from epochal.log.membership import while_member, worker_member
+from epochal.log.status import StatusPublisher
 from epochal.metrics import Metrics, serve_metrics
 from epochal.schemas.codec import encode
 from epochal.schemas.commands import ClientRequest, EpochRecord, PartitionId
 from epochal.schemas.snapshots import Manifest, OutboxRow, SnapshotPart
+from epochal.schemas.status import ProcessState
 
 __all__ = ["Worker"]
 
@@ -135,6 +138,8 @@ class Worker:
         )
         if config.query:
             describe_query_metrics(self.metrics)
+        self.status: StatusPublisher | None = None  # started once the worker knows its layout
+        self.report: WorkerReport | None = None
 
     def run(self, should_stop: Callable[[], bool]) -> None:
         if self.config.cpu is not None and hasattr(os, "sched_setaffinity"):
@@ -144,12 +149,18 @@ class Worker:
             serve_metrics(self.metrics, port, f"worker {self.config.worker}")
         member = worker_member(self.clients, self.config, self.app.topics.command_log)
         collect_less()
+        stopped = False
         try:
-            import uvloop
+            try:
+                import uvloop
 
-            uvloop.run(while_member(member, self._run(should_stop)))
-        except ImportError:  # uvloop is Linux/macOS only
-            asyncio.run(while_member(member, self._run(should_stop)))
+                uvloop.run(while_member(member, self._run(should_stop)))
+            except ImportError:  # uvloop is Linux/macOS only
+                asyncio.run(while_member(member, self._run(should_stop)))
+            stopped = True
+        finally:
+            if self.status is not None and self.report is not None:
+                self.status.stop(self.report(ProcessState.STOPPED) if stopped else None)
 
     async def _run(self, should_stop: Callable[[], bool]) -> None:
         config = self.config
@@ -174,6 +185,7 @@ class Worker:
         if peers is not None:  # ends the start with nothing to cancel
             await peers.start()
         progress = _Progress.after(resumed)
+        self._report_status(ranges, engine.partitions, progress)
         poller, head = await self._epochs_from(progress, writers, resumed)
         phases.done("peers")
         recovery = _Recovery(self, progress.next, head, started, resumed, queries=queries)
@@ -207,6 +219,15 @@ class Worker:
             poller.close()
             ticker.close()
             await _close(taking, writers, peers, queries)
+
+    def _report_status(
+        self, ranges: KeyRanges, partitions: tuple[PartitionId, ...], progress: _Progress
+    ) -> None:
+        """Write this worker's status record every second, from a thread (``log/status.py``)."""
+        report = WorkerReport(self.config, self.metrics, ranges, partitions, lambda: progress.epoch)
+        self.status = StatusPublisher(self.clients, self.app.name, report)
+        self.report = report
+        self.status.start()
 
     async def _serve_queries(self, engine: Engine) -> QueryServer | None:
         """Start this worker's live query server, if the cluster serves queries."""

@@ -47,6 +47,7 @@ import multiprocessing
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -93,6 +94,8 @@ from epochal.log.membership import (
     PollingThread,
     Role,
 )
+from epochal.log.sequencer_report import SequencerReport
+from epochal.log.status import StatusPublisher, ensure_status_topic
 from epochal.metrics import Metrics, serve_metrics
 from epochal.poison import Cause, CrashLoop, FailedAt, crash_loop_line, failed_worker_file
 from epochal.recovery.layouts import (
@@ -106,6 +109,7 @@ from epochal.recovery.layouts import (
 from epochal.recovery.schema_evolution import check_schemas
 from epochal.recovery.snapshots import DeltaSnapshots
 from epochal.schemas.snapshots import Manifest
+from epochal.schemas.status import ProcessState, SupervisorStatus
 from epochal.stop import StopRecord, stop_file, write_stop
 from epochal.watch import BrokerOutage, GroupWatch, OutageChange
 
@@ -245,12 +249,18 @@ def _sequencer_main(config: ClusterConfig, name: MemberName, parent: int) -> Non
         pulse.beat(time.monotonic())
         return stop()
 
+    report = SequencerReport(sequencer, name.run)
+    status = StatusPublisher(clients, app.name, report)
+    status.start()
     collect_less()
+    stopped = False
     try:
         with _child_failures("sequencer", _unrecoverable_file(config, app.name), stop):
             sequencer.run(should_stop)
+            stopped = True
     finally:
         membership.stop()
+        status.stop(report(ProcessState.STOPPED) if stopped else None)
 
 
 def _worker_main(config: ClusterConfig, worker: WorkerConfig, parent: int) -> None:
@@ -352,6 +362,9 @@ class Supervisor:
         self.metrics.describe("epochal_broker_available", "gauge", available)
         self.metrics.describe("epochal_generation", "gauge", "the cluster's generation")
         self.metrics.set("epochal_broker_available", 1.0)
+        self.rollbacks = 0  # failures rolled back in this run (a rebalance is not one)
+        self.started_ms = int(time.time() * 1000)
+        self.status: StatusPublisher | None = None  # once the topics exist
 
     def run(self) -> int:
         set_title(f"epochal: supervisor of {self.app_name}")
@@ -363,6 +376,8 @@ class Supervisor:
         self._ensure_topics()
         if self.config.metrics_port:
             serve_metrics(self.metrics, self.config.metrics_port, "the supervisor")
+        self.status = StatusPublisher(KafkaClients(self.config.kafka), self.app_name, self._report)
+        self.status.start()
         self.group.start()
         self.generation = 1
         self._start_sequencer()
@@ -386,6 +401,8 @@ class Supervisor:
         finally:
             self._stop([*self.workers, *([self.sequencer] if self.sequencer else [])])
             self.group.stop()
+            if self.status is not None:
+                self.status.stop(self._report(ProcessState.STOPPED))
         return 0
 
     def _stop_at_savepoint(self, deadline: float) -> None:
@@ -560,6 +577,7 @@ class Supervisor:
             return
         self._note_failed_epoch()
         self.generation += 1
+        self.rollbacks += 1
         logger.warning(
             "rolling back generation=%d restart_sequencer=%s", self.generation, restart_sequencer
         )
@@ -604,6 +622,7 @@ class Supervisor:
         clients.create_topics([app.topics.replies], partitions=1)  # client transactions' outcomes
         ensure_positions_topic(clients, app.name)
         ensure_amendments_topic(clients, app.name)
+        ensure_status_topic(clients, app.name)
         snapshots = _snapshots(self.config, app)
         if snapshots is not None:
             check_schemas(app, snapshots.latest(), snapshots.states)
@@ -775,6 +794,29 @@ class Supervisor:
         temporary = self.status_file.with_suffix(".tmp")
         temporary.write_text(json.dumps(status))
         temporary.replace(self.status_file)
+
+    def _report(self, state: ProcessState = ProcessState.RUNNING) -> SupervisorStatus:
+        """The supervisor's status record (written every second from a thread, ``log/status.py``):
+        the cluster's shape, rollbacks so far and the children's pids."""
+        config = self.config
+        port = config.metrics_port
+        sequencer = self.sequencer
+        return SupervisorStatus(
+            run_id=self.run_id,
+            generation=self.generation,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            time_ms=int(time.time() * 1000),
+            started_ms=self.started_ms,
+            state=state,
+            workers=config.worker.workers,
+            partitions=self.layout.partitions if self.layout else config.worker.partitions,
+            recovery=config.sequencer.recovery,
+            rollbacks=self.rollbacks,
+            sequencer_pid=sequencer.pid if sequencer is not None else None,
+            worker_pids=tuple(w.pid or 0 for w in list(self.workers)),
+            metrics=f"127.0.0.1:{port}" if port else "",
+        )
 
     @staticmethod
     def _kill(processes: list[BaseProcess]) -> None:

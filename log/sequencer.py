@@ -140,6 +140,8 @@ class Sequencer:
         self.final_epoch = final_epoch  # a stop logs a final epoch (a savepoint): epochal run's
         self.schedule = SnapshotSchedule(config.snapshot_interval_ms, config.snapshot_every_epochs)
         self._assigned: set[tuple[str, int]] = set()  # the input partitions being read
+        self.last_epoch = -1  # the last epoch logged (or sent) by this process
+        self.input_lag: dict[str, int] = {}  # "topic:partition" -> records not yet sequenced
         self.metrics = Metrics(app=config.app, role="sequencer")
         self.metrics.describe("epochal_epochs_total", "counter", "epochs logged")
         self.metrics.describe("epochal_sequenced_total", "counter", "transactions sequenced")
@@ -437,6 +439,7 @@ class Sequencer:
         )  # fmt: skip
 
     def _count(self, sequenced: SequencedEpoch, started: float) -> None:
+        self.last_epoch = sequenced.record.epoch
         self.metrics.inc("epochal_epochs_total")
         self.metrics.inc("epochal_sequenced_total", len(sequenced.record.txns))
         self.metrics.inc("epochal_dead_letters_total", len(sequenced.dead))
@@ -472,11 +475,12 @@ class Sequencer:
         return [tp for tp in partitions if tp.topic in streams]
 
     def _measure_lag(self, consumer: Consumer, positions: list[TopicPartition]) -> None:
-        lag = 0
+        lags = {}
         for tp in positions:
             _, high = consumer.get_watermark_offsets(tp, cached=True)
-            lag += max(0, high - tp.offset)
-        self.metrics.set("epochal_input_lag", lag)
+            lags[position_key(tp.topic, tp.partition)] = max(0, high - tp.offset)
+        self.input_lag = lags  # replaced whole: the status thread reads it
+        self.metrics.set("epochal_input_lag", sum(lags.values()))
 
 
 def _flush(producer: Producer | None) -> None:

@@ -59,3 +59,9 @@ class TopicNames:
     def egress_positions(self) -> str:
         """Compacted: how far each egress writer has released egress (``log/egress.py``)."""
         return f"{self.app}.egress-positions"
+
+    @property
+    def status(self) -> str:
+        """Compacted: each process's latest status record, for ``epochal status``
+        (``log/status.py``)."""
+        return f"{self.app}.status"

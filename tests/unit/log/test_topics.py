@@ -12,3 +12,7 @@ def test_topic_names_follow_the_design() -> None:
         "bank.cmd",
         "bank.dlq",
     )
+
+
+def test_the_status_topic_is_named_after_the_app() -> None:
+    assert TopicNames("bank").status == "bank.status"
