@@ -426,6 +426,29 @@ def _skip(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    """Where a cluster stands, from its status records, dead letters and snapshots
+    (``epochal/status.py``); exit code 3 when it is not running, like ``kafka status``."""
+    from epochal.log.client import KafkaClients
+    from epochal.log.status import StatusReader
+    from epochal.recovery.snapshots import Warehouse
+    from epochal.status import AppState, read_report
+    from epochal.status_view import print_status, status_json
+
+    name = args.name or args.app
+    if ":" in args.app:
+        _apps_from_working_directory()
+        name = load_app(args.app, args.name).name
+    clients = KafkaClients(KafkaConfig(args.bootstrap, _settings(args.kafka_setting)))
+    warehouse = Warehouse(args.warehouse, name, _settings(args.storage_option) or None)
+    report = read_report(StatusReader(clients, name), warehouse)
+    if args.json:
+        sys.stdout.write(status_json(report) + "\n")
+    else:
+        print_status(report, Console())  # the answer: stdout
+    return 0 if report.state is AppState.RUNNING else 3
+
+
 def _snapshots(args: argparse.Namespace) -> int:
     """A table of the manifest: what each snapshot holds, and where replay would start."""
     import datetime
@@ -675,6 +698,20 @@ def _recovery_commands(commands: Any, app_flags: Callable[[argparse.ArgumentPars
                          help="delta-rs storage option")  # fmt: skip
     listing.set_defaults(handler=_snapshots)
 
+    status = commands.add_parser(
+        "status", help="where a running app stands: processes, epochs, lag, snapshots"
+    )
+    status.add_argument("app", help="module:attribute of the App, or the app's name")
+    status.add_argument("--name", help="app name (default: the App's)")
+    status.add_argument("--bootstrap", default="127.0.0.1:9092", help="Kafka bootstrap")
+    status.add_argument("-X", dest="kafka_setting", action="append", default=[],
+                        metavar="KEY=VALUE", help="librdkafka setting")  # fmt: skip
+    status.add_argument("--warehouse", default="warehouse", help="where the snapshots are")
+    status.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="delta-rs storage option")  # fmt: skip
+    status.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    status.set_defaults(handler=_status)
+
     stop = commands.add_parser("stop", help="stop a running app at a savepoint (a final snapshot)")
     stop.add_argument("app", help="module:attribute of the App, or the app's name")
     stop.add_argument("--name", help="app name (default: the App's)")
@@ -830,7 +867,9 @@ def entry() -> None:
 
 
 # Commands that read Delta tables through pyarrow and delta-rs in this process.
-_ARROW_COMMANDS = frozenset({"run", "snapshots", "replay", "recover", "sql", "skip", "stop"})
+_ARROW_COMMANDS = frozenset(
+    {"run", "snapshots", "replay", "recover", "sql", "skip", "stop", "status"}
+)
 
 
 def _exit_now(code: int) -> None:

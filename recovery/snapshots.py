@@ -70,7 +70,14 @@ from epochal.schemas.snapshots import (
     SnapshotPart,
 )
 
-__all__ = ["ACTOR_COLUMNS", "DeltaSnapshots", "Warehouse", "actor_rows", "read_manifests"]
+__all__ = [
+    "ACTOR_COLUMNS",
+    "DeltaSnapshots",
+    "Warehouse",
+    "actor_rows",
+    "read_manifests",
+    "snapshot_bytes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +176,19 @@ def read_manifests(warehouse: Warehouse) -> list[Manifest]:
         return []
     rows = sorted(table.to_pyarrow_table().to_pylist(), key=lambda row: row["ssid"])
     return [_manifest_of(row) for row in rows]
+
+
+def snapshot_bytes(warehouse: Warehouse, manifest: Manifest) -> int:
+    """The bytes of the state files a snapshot holds: each actor type's state table at the
+    version the manifest row names (what a restore reads)."""
+    total = 0
+    for actor_type, version in manifest.state_versions.items():
+        table = DeltaTable(
+            warehouse.state(actor_type), version=version, storage_options=warehouse.options
+        )
+        sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
+        total += sum(size for size in sizes.to_pylist() if size is not None)
+    return total
 
 
 ACTOR_COLUMNS = ("_key", "_state")  # what a restore needs of a state row
