@@ -41,6 +41,7 @@ __all__ = [
     "StatusReport",
     "latest_snapshot",
     "read_report",
+    "recent_snapshots",
     "summarize",
 ]
 
@@ -71,9 +72,11 @@ class SnapshotSummary(msgspec.Struct, frozen=True):
 class StatusReport(msgspec.Struct, frozen=True):
     """What ``epochal status`` shows, and its ``--json``.
 
-    ``epoch`` is the latest epoch logged or executed (-1: none); the rates are the sequencer's
-    (epochs logged, transactions sequenced per second over its last second); ``input_lag`` the
-    records of each input partition not yet sequenced; ``silent`` names the processes of the
+    ``epoch`` is the latest epoch logged or executed (-1: none) and ``executed_epoch`` the last
+    one every worker has executed (the gap is the backlog); ``epochs_per_s`` and
+    ``transactions_per_s`` are the sequencer's (logged, sequenced: per second over its last few
+    seconds), ``executed_per_s`` the workers' transactions executed per second; ``input_lag``
+    the records of each input partition not yet sequenced; ``silent`` names the processes of the
     running cluster whose records stopped coming. Times are epoch milliseconds.
     """
 
@@ -83,8 +86,10 @@ class StatusReport(msgspec.Struct, frozen=True):
     last_seen_ms: int | None
     generation: int | None
     epoch: int
+    executed_epoch: int
     epochs_per_s: float
     transactions_per_s: float
+    executed_per_s: float
     input_lag: dict[str, int]
     dead_letters: int
     rollbacks: int
@@ -134,8 +139,10 @@ def summarize(
         last_seen_ms=supervisor.time_ms if supervisor is not None else None,
         generation=supervisor.generation if supervisor is not None else None,
         epoch=max(epochs, default=-1),
+        executed_epoch=min((w.epoch for w in workers), default=-1),
         epochs_per_s=sequencer.epochs_per_s if sequencer and running else 0.0,
         transactions_per_s=sequencer.transactions_per_s if sequencer and running else 0.0,
+        executed_per_s=sum(w.transactions_per_s for w in workers if _fresh(w, now_ms)),
         input_lag=dict(sequencer.input_lag) if sequencer else {},
         dead_letters=dead_letters,
         rollbacks=supervisor.rollbacks if supervisor is not None else 0,
@@ -173,12 +180,15 @@ def read_report(reader: StatusReader, warehouse: Warehouse | None) -> StatusRepo
 
 def latest_snapshot(warehouse: Warehouse) -> SnapshotSummary | None:
     """The latest complete snapshot in ``warehouse``, or None (none yet, or no warehouse)."""
+    latest = recent_snapshots(warehouse, 1)
+    return latest[-1] if latest else None
+
+
+def recent_snapshots(warehouse: Warehouse, count: int) -> list[SnapshotSummary]:
+    """The last ``count`` complete snapshots in ``warehouse``, oldest first."""
     from epochal.recovery.snapshots import read_manifests, snapshot_bytes
 
-    manifests = read_manifests(warehouse)
-    if not manifests:
-        return None
-    latest = manifests[-1]
-    return SnapshotSummary(
-        latest.ssid, latest.time_ms, snapshot_bytes(warehouse, latest), dict(latest.actors)
-    )
+    return [
+        SnapshotSummary(m.ssid, m.time_ms, snapshot_bytes(warehouse, m), dict(m.actors))
+        for m in read_manifests(warehouse)[-count:]
+    ]

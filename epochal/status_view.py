@@ -63,83 +63,86 @@ def headline(report: StatusReport) -> Text:
 
 
 def processes(report: StatusReport) -> Table:
-    table = Table(title=f"processes of {report.app}", title_justify="left")
-    for column in (
-        "process",
-        "pid",
-        "host",
-        "gen",
-        "partitions and key ranges",
-        "epoch",
-        "epochs/s",
-        "txns/s",
-        "committed",
-        "aborted",
-        "query",
-        "metrics",
-        "seen",
-    ):
-        table.add_column(column, justify="right" if column in _NUMBERS else "left")
+    """A row per process; a column no process fills (metrics, without ``--metrics-port``) is
+    left out."""
     now = report.time_ms
+    rows: list[dict[str, RenderableType]] = []
     if report.supervisor is not None:
         s = report.supervisor
-        table.add_row(
-            "supervisor",
-            str(s.pid),
-            s.host,
-            str(s.generation),
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            "",
-            s.metrics,
-            seen(s, now),
+        rows.append(
+            {
+                "process": "supervisor",
+                "pid": str(s.pid),
+                "host": s.host,
+                "gen": str(s.generation),
+                "metrics": s.metrics,
+                "seen": seen(s, now),
+            }
         )
     if report.sequencer is not None:
         q = report.sequencer
-        table.add_row(
-            "sequencer",
-            str(q.pid),
-            q.host,
-            str(q.generation),
-            "",
-            _epoch(q.epoch),
-            f"{q.epochs_per_s:,.1f}",
-            f"{q.transactions_per_s:,.0f}",
-            f"{q.transactions:,}",
-            "",
-            "",
-            q.metrics,
-            seen(q, now),
+        rows.append(
+            {
+                "process": "sequencer",
+                "pid": str(q.pid),
+                "host": q.host,
+                "gen": str(q.generation),
+                "epoch": _epoch(q.epoch),
+                "epochs/s": f"{q.epochs_per_s:,.1f}",
+                "txns/s": f"{q.transactions_per_s:,.0f}",
+                "committed": f"{q.transactions:,}",
+                "metrics": q.metrics,
+                "seen": seen(q, now),
+            }
         )
     by_index = {w.worker: w for w in report.workers}
     count = report.supervisor.workers if report.supervisor is not None else len(by_index)
     for index in range(count):
         w = by_index.get(index)
         if w is None:
-            table.add_row(f"worker {index}", *[""] * 11, Text("never", style="red"))
+            rows.append({"process": f"worker {index}", "seen": Text("never", style="red")})
             continue
-        table.add_row(
-            f"worker {index}",
-            str(w.pid),
-            w.host,
-            str(w.generation),
-            partitions(w),
-            _epoch(w.epoch),
-            f"{w.epochs_per_s:,.1f}",
-            f"{w.transactions_per_s:,.0f}",
-            f"{w.committed:,}",
-            f"{w.aborted:,}",
-            w.query,
-            w.metrics,
-            seen(w, now),
+        rows.append(
+            {
+                "process": f"worker {index}",
+                "pid": str(w.pid),
+                "host": w.host,
+                "gen": str(w.generation),
+                "partitions: keys (actors)": partitions(w),
+                "epoch": _epoch(w.epoch),
+                "epochs/s": f"{w.epochs_per_s:,.1f}",
+                "txns/s": f"{w.transactions_per_s:,.0f}",
+                "committed": f"{w.committed:,}",
+                "aborted": f"{w.aborted:,}",
+                "query": w.query,
+                "metrics": w.metrics,
+                "seen": seen(w, now),
+            }
         )
+    columns = [c for c in _COLUMNS if any(row.get(c) for row in rows)]
+    table = Table(title=f"processes of {report.app}", title_justify="left")
+    for column in columns:
+        table.add_column(column, justify="right" if column in _NUMBERS else "left")
+    for row in rows:
+        table.add_row(*(row.get(column, "") for column in columns))
     return table
 
 
+_COLUMNS = (
+    "process",
+    "pid",
+    "host",
+    "gen",
+    "partitions: keys (actors)",
+    "epoch",
+    "epochs/s",
+    "txns/s",
+    "committed",
+    "aborted",
+    "query",
+    "metrics",
+    "seen",
+)
 _NUMBERS = {"pid", "gen", "epoch", "epochs/s", "txns/s", "committed", "aborted"}
 
 
@@ -147,9 +150,13 @@ def totals(report: StatusReport) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("epoch", _epoch(report.epoch))
+    executed = _epoch(report.executed_epoch)
+    grid.add_row("epoch", f"{_epoch(report.epoch)} (every worker has executed {executed})")
     grid.add_row("epochs/s", f"{report.epochs_per_s:,.1f}")
-    grid.add_row("transactions/s", f"{report.transactions_per_s:,.0f}")
+    grid.add_row(
+        "transactions/s",
+        f"{report.transactions_per_s:,.0f} sequenced, {report.executed_per_s:,.0f} executed",
+    )
     grid.add_row("input lag", f"{sum(report.input_lag.values()):,} records")
     grid.add_row("dead letters", f"{report.dead_letters:,}")
     grid.add_row("rollbacks", f"{report.rollbacks}")

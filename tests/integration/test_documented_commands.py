@@ -57,6 +57,8 @@ RUN_AS = {
     "epochal recover APP --mode strong|weak [--into NS]": (
         "epochal recover examples.bank.app:app --mode strong"
     ),
+    "epochal status APP": "epochal status bank",
+    "epochal status APP --json": "epochal status examples.bank.app:app --json",
 }
 ACCOUNTS, OPENING_BALANCE, TRANSFERS = 1_000, 1_000, 10_000  # as the producer makes them
 
@@ -140,7 +142,7 @@ class User:
     def argv(self, command: str) -> list[str]:
         assert command in RUN or command in RUN_AS.values(), command
         words = shlex.split(command.replace("127.0.0.1:9092", self.bootstrap))
-        talks_to_kafka = words[0] == "python" or words[1] in ("run", "replay", "recover")
+        talks_to_kafka = words[0] == "python" or words[1] in ("run", "replay", "recover", "status")
         if talks_to_kafka and "--bootstrap" not in words:
             words += ["--bootstrap", self.bootstrap]
         if words[0] == "python":
@@ -288,6 +290,11 @@ def test_the_readme_runs_as_written(user: User, kafka: KafkaClients) -> None:
     with Client(app, "127.0.0.1:7700", timeout_s=60) as client:
         summed = client.aggregate(Account, "count", "sum:balance")
     assert list(summed.values()) == [ACCOUNTS, total], summed
+    # docs/operations.md: the running cluster at a glance, from the same shell
+    shown = user.run(RUN_AS["epochal status APP"])
+    assert "bank running: generation 1" in shown and "last snapshot   ssid" in shown, shown
+    (report,) = _json_lines(user.run(RUN_AS["epochal status APP --json"]))
+    assert report["state"] == "running" and len(report["workers"]) == 2, report
     assert user.stop(again) == 0, user.log(1)
     assert "Traceback" not in user.log(1), user.log(1)
 
