@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from epochal.actors.snapshots import Restored
     from epochal.log.amendments import Amendments
     from epochal.log.command_log import LoggedEpoch
+    from epochal.log.status import StatusReader
+    from epochal.recovery.snapshots import Warehouse
     from epochal.supervisor import ClusterConfig
 
 __all__ = ["entry", "main"]
@@ -441,12 +443,35 @@ def _status(args: argparse.Namespace) -> int:
         name = load_app(args.app, args.name).name
     clients = KafkaClients(KafkaConfig(args.bootstrap, _settings(args.kafka_setting)))
     warehouse = Warehouse(args.warehouse, name, _settings(args.storage_option) or None)
+    if args.serve:
+        return _serve_status(StatusReader(clients, name), warehouse, args.serve, args.token)
     report = read_report(StatusReader(clients, name), warehouse)
     if args.json:
         sys.stdout.write(status_json(report) + "\n")
     else:
         print_status(report, Console())  # the answer: stdout
     return 0 if report.state is AppState.RUNNING else 3
+
+
+def _serve_status(reader: StatusReader, warehouse: Warehouse, port: int, token: str) -> int:
+    """The status page until Ctrl-C or SIGTERM (``epochal/status_page.py``)."""
+    import contextlib
+    import signal
+    import threading
+
+    from epochal.status import recent_snapshots
+    from epochal.status_page import StatusPage, serve_status
+
+    page = StatusPage(reader, lambda: recent_snapshots(warehouse, 5))
+    server = serve_status(page, port, token)
+    host = "every interface" if token else "127.0.0.1"
+    console.print(f"status of {reader.names.app} on http://{host}:{port}/ (Ctrl-C stops)")
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopped.set())
+    with contextlib.suppress(KeyboardInterrupt):
+        stopped.wait()
+    server.shutdown()
+    return 0
 
 
 def _snapshots(args: argparse.Namespace) -> int:
@@ -710,6 +735,11 @@ def _recovery_commands(commands: Any, app_flags: Callable[[argparse.ArgumentPars
     status.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                         help="delta-rs storage option")  # fmt: skip
     status.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    status.add_argument("--serve", type=int, default=0, metavar="PORT",
+                        help="serve it as a self-refreshing page (0: print once)")  # fmt: skip
+    status.add_argument("--token", default=os.environ.get("EPOCHAL_STATUS_TOKEN", ""),
+                        help="the page listens beyond 127.0.0.1, for requests with this "
+                             "token (default $EPOCHAL_STATUS_TOKEN)")  # fmt: skip
     status.set_defaults(handler=_status)
 
     stop = commands.add_parser("stop", help="stop a running app at a savepoint (a final snapshot)")
@@ -752,8 +782,9 @@ class _ShowDefaults(argparse.HelpFormatter):
 
 _DESCRIPTION = (
     "Transactional stream processing with queryable state: run an app on Kafka (run, stop, "
-    "skip), look at its snapshots and history (snapshots, replay, sql), recover it with Spark "
-    "(recover), and a local broker and jars for development (kafka, jars, demo)."
+    "skip), see where it stands (status), look at its snapshots and history (snapshots, "
+    "replay, sql), recover it with Spark (recover), and a local broker and jars for "
+    "development (kafka, jars, demo)."
 )
 
 

@@ -97,6 +97,7 @@ class Listener(Enum):
     QUERIES = ("live queries", "--query-port")
     METRICS = ("Prometheus metrics", "--metrics-port")
     FEED = ("the weak-mode epoch feed", "--feed")
+    STATUS = ("the status page", "epochal status --serve")
 
     @property
     def purpose(self) -> str:
