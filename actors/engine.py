@@ -13,7 +13,7 @@ same interior transactions for the next epoch.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -87,7 +87,7 @@ class EpochResult:
     outcomes: tuple[TxnOutcome, ...]
     digest: str
     by_partition: dict[PartitionId, list[TxnOutcome]] = field(default_factory=dict)
-    changes: list[Change] | None = None  # at a snapshot epoch: this worker's changed actors
+    changes: Sequence[Change] | None = None  # at a snapshot epoch: this worker's changed actors
 
 
 class Engine:

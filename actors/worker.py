@@ -29,7 +29,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -677,7 +677,7 @@ class _Snapshotting:
                 for topic, value in egress_records(app, outcome):
                     self._held.append(OutboxRow(epoch, partition, topic, value))
 
-    def take(self, logged: LoggedEpoch, changes: list[Change], carried: list[Emitted]) -> None:
+    def take(self, logged: LoggedEpoch, changes: Sequence[Change], carried: list[Emitted]) -> None:
         record, position = logged.record, logged.position + 1
         self.last_epoch = record.epoch
         archived, self._epochs = self._epochs, []

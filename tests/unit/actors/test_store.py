@@ -41,6 +41,21 @@ def test_a_snapshot_takes_exactly_what_changed_since_the_last_one() -> None:
     assert list(store.take_changes(4)) == []
 
 
+def test_the_changes_taken_are_those_of_the_snapshot_whenever_they_are_read() -> None:
+    """The snapshot writer reads them on its thread while the loop goes on writing: what it
+    reads is the state at the snapshot, not after."""
+    store = StateStore([P], versioned=True)
+    store.apply(A, P, b"1", epoch=1)
+    taken = store.take_changes(1)
+    store.apply(A, P, b"2", epoch=2)
+    store.apply(B, P, b"x", epoch=2)
+    assert [(c.ref, c.before, c.after) for c in taken] == [(A, None, b"1")]
+    assert len(taken) == 1 and store.value_at(A, 1) == b"1" and store.value_at(A, 2) == b"2"
+    assert [(c.ref, c.before, c.after) for c in store.take_changes(2)] == [
+        (A, b"1", b"2"), (B, None, b"x"),
+    ]  # fmt: skip
+
+
 def test_an_unversioned_store_keeps_no_history() -> None:
     store = StateStore([P])
     store.apply(A, P, b"1", epoch=1)
