@@ -1,0 +1,47 @@
+"""The ``epochal`` command's parser and answers that need no broker, Spark or warehouse."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+from epochal.cli import _parser
+
+
+def _parsers(
+    parser: argparse.ArgumentParser, path: str = "epochal"
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """The parser and every subparser under it, with the command line that reaches it."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, f"{path} {name}")
+
+
+def _has_default(action: argparse.Action) -> bool:
+    """An option with a value to tell: not a ``store_true`` flag (its default is its absence),
+    nor a repeatable one that starts empty."""
+    default = action.default
+    if not action.option_strings or default is None or default is argparse.SUPPRESS:
+        return False
+    if action.nargs == 0 and isinstance(default, bool):
+        return False
+    return default != []
+
+
+def test_help_shows_every_default() -> None:
+    hidden = []
+    for path, parser in _parsers(_parser()):
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if _has_default(action):
+                text = " ".join(formatter._format_action(action).split())
+                if "default" not in text:
+                    hidden.append(f"{path} {'/'.join(action.option_strings)}: {text}")
+    assert not hidden, "\n".join(hidden)
+
+
+def test_help_walk_reaches_every_command() -> None:
+    paths = {path for path, _ in _parsers(_parser())}
+    assert {"epochal run", "epochal kafka", "epochal sql", "epochal snapshots"} <= paths
