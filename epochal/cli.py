@@ -3,7 +3,8 @@ history, and the local broker and jars for development.
 
 Config objects are built here, once, from flags and the environment (``EPOCHAL_CACHE``); library
 code never reads the environment. An :class:`EpochalError` ends the command with its message and
-exit code 1; anything else is a bug and keeps its traceback.
+exit code 1, or 2 for a usage error found after parsing (like argparse's own); anything else is a
+bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ __all__ = ["entry", "main"]
 
 console = Console(stderr=True)
 _BROKER_CHECK_S = 10.0  # how long `epochal run` waits for a first answer from the broker
+
+
+class _UsageError(ConfigError):
+    """A flag's value that only the app can refute (``--show`` of an actor type it lacks): a
+    usage error found after parsing, exit code 2 like argparse's."""
 
 
 def _cache(args: argparse.Namespace) -> CacheConfig:
@@ -245,6 +251,12 @@ def _replay(args: argparse.Namespace) -> int:
 
     _apps_from_working_directory()
     app = load_app(args.app, args.name)
+    for actor_type in args.show:
+        if actor_type not in app.actor_types:
+            known = ", ".join(sorted(app.actor_types))
+            raise _UsageError(
+                f"--show {actor_type}: {app.name} has no such actor type (its actor types: {known})"
+            )
     clients = KafkaClients(KafkaConfig(args.bootstrap, _settings(args.kafka_setting)))
     restored = None
     if not args.from_start:
@@ -886,7 +898,7 @@ def main(argv: Sequence[str] | None = None, *, exit_at_once: bool = False) -> in
         code: int = args.handler(args)
     except EpochalError as exc:
         console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        code = 1
+        code = 2 if isinstance(exc, _UsageError) else 1
     if exit_at_once and args.command in _ARROW_COMMANDS:
         _exit_now(code)
     return code

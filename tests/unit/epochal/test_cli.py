@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-from epochal.cli import _parser
+import pytest
+
+from epochal.cli import _parser, main
 
 
 def _parsers(
@@ -45,3 +47,16 @@ def test_help_shows_every_default() -> None:
 def test_help_walk_reaches_every_command() -> None:
     paths = {path for path, _ in _parsers(_parser())}
     assert {"epochal run", "epochal kafka", "epochal sql", "epochal snapshots"} <= paths
+
+
+def test_replay_show_of_an_unknown_actor_type_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Said before anything is read (no broker here), naming what the app has instead."""
+    monkeypatch.setenv("PYTHONHASHSEED", "0")  # else replay re-executes itself under it
+    app = "tests.unit.actors.workload:app"
+    code = main(["replay", app, "--show", "Account", "--show", "Unknown", "--bootstrap", "x:1"])
+    assert code == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "--show Unknown: testbank has no such actor type" in said
+    assert "(its actor types: Account, AuditLog)" in said
