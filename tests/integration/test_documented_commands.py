@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from argparse import SUPPRESS
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -95,25 +94,6 @@ def test_each_synopsis_names_a_command_and_flags_it_has(synopsis: str) -> None:
     assert helped.returncode == 0, helped.stderr
     for flag in re.findall(r"--[a-z][a-z-]+", synopsis):
         assert flag in helped.stdout, f"{synopsis}: {flag} is not an option of {command}"
-
-
-def test_help_shows_every_default() -> None:
-    """``--help`` of each command shows the default of every option that has one."""
-    from epochal.cli import _parser
-
-    parser = _parser()
-    commands = next(a for a in parser._actions if a.dest == "command").choices
-    assert isinstance(commands, dict)
-    for name, command in commands.items():
-        text = " ".join(command.format_help().split())
-        for action in command._actions:
-            default = action.default
-            unset = default is None or default is False or default in ([], SUPPRESS)
-            if not action.option_strings or unset:
-                continue
-            assert f"(default: {default})" in text or "default" in (action.help or ""), (
-                f"epochal {name} {action.option_strings[0]}: its default {default!r} is not shown"
-            )
 
 
 def test_the_top_level_help_names_every_command() -> None:
