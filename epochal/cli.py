@@ -38,11 +38,14 @@ from epochal.jvm import JarSet, fetch_jars
 from epochal.log.local_broker import LocalBroker
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from epochal.actors.snapshots import Restored
     from epochal.log.amendments import Amendments
     from epochal.log.command_log import LoggedEpoch
     from epochal.log.status import StatusReader
     from epochal.recovery.snapshots import Warehouse
+    from epochal.schemas.snapshots import Manifest
     from epochal.supervisor import ClusterConfig
 
 __all__ = ["entry", "main"]
@@ -487,11 +490,7 @@ def _serve_status(reader: StatusReader, warehouse: Warehouse, port: int, token: 
 
 
 def _snapshots(args: argparse.Namespace) -> int:
-    """A table of the manifest: what each snapshot holds, and where replay would start."""
-    import datetime
-
-    from rich.table import Table
-
+    """The manifest, a row per snapshot: what each holds, and where replay would start."""
     from epochal.recovery.snapshots import DeltaSnapshots
 
     _apps_from_working_directory()
@@ -499,20 +498,43 @@ def _snapshots(args: argparse.Namespace) -> int:
     config = SnapshotConfig(args.warehouse, _settings(args.storage_option))
     snapshots = DeltaSnapshots(app, config, partitions=1)
     manifests = snapshots.manifests()
-    table = Table(title=f"snapshots of {app.name} in {snapshots.warehouse.uri()}")
-    for column in ("ssid", "time (UTC)", "mode", "command log from", "actors",
-                   "actors per partition", "state versions", "digest"):  # fmt: skip
-        table.add_column(column)
-    for m in manifests:
-        when = datetime.datetime.fromtimestamp(m.time_ms / 1000, datetime.UTC)
-        table.add_row(str(m.ssid), when.isoformat(timespec="milliseconds"), m.recovery,
-                      str(m.command_log_position), str(dict(m.actors)),
-                      str(m.partition_actors or "?"), str(dict(m.state_versions)),
-                      m.digest[:16])  # fmt: skip
-    console.print(table)
+    short = args.format == "table"  # a table shows a digest's start; JSON and CSV all of it
+    rows = [_manifest_row(m, short) for m in manifests]
+    title = f"snapshots of {app.name} in {snapshots.warehouse.uri()}"
+    _print_rows(list(_MANIFEST_COLUMNS), rows, args.format, title)
     if not manifests:
         console.print("no complete snapshot yet")
     return 0
+
+
+_MANIFEST_COLUMNS = (
+    "ssid",
+    "epoch",
+    "time",
+    "mode",
+    "command_log_position",
+    "actors",
+    "partition_actors",
+    "state_versions",
+    "digest",
+)
+
+
+def _manifest_row(m: Manifest, short_digest: bool) -> list[Any]:
+    """One snapshot's row of ``epochal snapshots`` (:data:`_MANIFEST_COLUMNS`)."""
+    import datetime
+
+    return [
+        m.ssid,
+        m.epoch,
+        datetime.datetime.fromtimestamp(m.time_ms / 1000, datetime.UTC),
+        m.recovery,
+        m.command_log_position,
+        dict(m.actors),
+        m.partition_actors or None,  # None: a snapshot older than the count
+        dict(m.state_versions),
+        m.digest[:16] if short_digest else m.digest,
+    ]
 
 
 def _sql(args: argparse.Namespace) -> int:
@@ -535,7 +557,9 @@ def _sql(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_rows(columns: list[str], rows: list[list[Any]], form: str) -> None:
+def _print_rows(
+    columns: list[str], rows: list[list[Any]], form: str, title: str | None = None
+) -> None:
     """Rows on stdout: a table, JSON lines, or CSV with a header; timestamps in UTC."""
     import csv
 
@@ -554,11 +578,23 @@ def _print_rows(columns: list[str], rows: list[list[Any]], form: str) -> None:
             writer.writerow(["" if v is None else v if isinstance(v, str | int | float)
                              else msgspec.json.encode(v).decode() for v in row])  # fmt: skip
     else:
-        table = Table(*columns, caption=f"{len(rows)} rows")
+        table = Table(*columns, title=title, caption=f"{len(rows)} rows")
         for row in values:
             table.add_row(*("NULL" if v is None else f"<{len(v)} bytes>" if isinstance(v, bytes)
                             else str(v) for v in row))  # fmt: skip
-        Console().print(table)
+        _stdout_for(table).print(table)
+
+
+def _stdout_for(table: Table) -> Console:
+    """A terminal's width on a terminal; a pipe or a file gets the whole table, not a table
+    squeezed into 80 columns with its values cut short."""
+    from rich.measure import Measurement
+
+    stdout = Console()
+    if stdout.is_terminal:
+        return stdout
+    wide = stdout.options.update_width(1 << 20)
+    return Console(width=Measurement.get(stdout, wide, table).maximum)
 
 
 def _plain(value: Any) -> Any:
@@ -733,6 +769,8 @@ def _recovery_commands(commands: Any, app_flags: Callable[[argparse.ArgumentPars
     listing.add_argument("--warehouse", default="warehouse", help="where the snapshots are")
     listing.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                          help="delta-rs storage option")  # fmt: skip
+    listing.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                         help="a table, JSON lines or CSV")  # fmt: skip
     listing.set_defaults(handler=_snapshots)
 
     status = commands.add_parser(

@@ -52,7 +52,7 @@ RUN = {
 }
 # Synopses (placeholders) run with the example app put in; the others are --help checked only.
 RUN_AS = {
-    "epochal snapshots APP": "epochal snapshots examples.bank.app:app",
+    "epochal snapshots APP [--format table|json|csv]": "epochal snapshots examples.bank.app:app",
     "epochal recover APP --mode strong|weak [--into NS]": (
         "epochal recover examples.bank.app:app --mode strong"
     ),
@@ -258,7 +258,7 @@ def test_the_readme_runs_as_written(user: User, kafka: KafkaClients) -> None:
     balances = [line.split(",") for line in rows if line.startswith("acct-")]
     assert len(balances) == ACCOUNTS and sum(int(b) for _, b in balances) == total
 
-    listed = user.run(RUN_AS["epochal snapshots APP"])
+    listed = user.run(RUN_AS["epochal snapshots APP [--format table|json|csv]"])
     assert "snapshots of bank in" in listed and "no complete snapshot yet" not in listed
     recovered = user.run(RUN_AS["epochal recover APP --mode strong|weak [--into NS]"])
     assert "`epochal run` resumes from it" in recovered, recovered

@@ -5,12 +5,16 @@ manifest names for that ssid; an expired or never-taken ssid is ``SnapshotNotRet
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
+import json
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
 from epochal.actors.engine import Engine
+from epochal.cli import main
 from epochal.config import SnapshotConfig
 from epochal.errors import QueryError, SnapshotNotRetainedError
 from epochal.log.command_log import MemoryCommandLog
@@ -165,3 +169,29 @@ def test_string_keys_read_back_after_a_merge_rewrote_the_state_files(
         for k, v in by_spark.items()
         if lo <= k < hi  # type: ignore[operator]
     )
+
+
+def test_epochal_snapshots_lists_the_manifest_as_json_csv_or_a_whole_table(
+    capsys: pytest.CaptureFixture[str], history: History
+) -> None:
+    flags = ["snapshots", "tests.unit.actors.workload:app", "--warehouse", history.warehouse]
+    assert main([*flags, "--format", "json"]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["ssid"] for row in listed] == history.ssids
+    last = history.manifests[-1]
+    assert listed[-1]["epoch"] == last.epoch and listed[-1]["digest"] == last.digest
+    assert listed[-1]["actors"] == last.actors
+    assert listed[-1]["command_log_position"] == last.command_log_position
+
+    assert main([*flags, "--format", "csv"]) == 0
+    rows = list(csv.reader(io.StringIO(capsys.readouterr().out)))
+    assert rows[0][:3] == ["ssid", "epoch", "time"] and len(rows) == 1 + len(history.ssids)
+    assert rows[-1][rows[0].index("digest")] == last.digest
+
+    assert main(flags) == 0  # stdout is not a terminal here: nothing is cut to fit 80 columns
+    table = capsys.readouterr().out
+    assert f"snapshots of testbank in {history.snapshots.warehouse.uri()}" in table
+    assert "…" not in table and f"{len(history.ssids)} rows" in table
+    lines = [line for line in table.splitlines() if line.startswith("│")]
+    assert len(lines) == len(history.ssids), table  # a row per line, none wrapped
+    assert all(row["time"] in line for row, line in zip(listed, lines, strict=True)), table
