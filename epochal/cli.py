@@ -108,14 +108,30 @@ def _kafka_stop(args: argparse.Namespace) -> int:
 
 
 def _kafka_status(args: argparse.Namespace) -> int:
+    """Exit code 0 when a broker answers on the port, whichever data dir it runs from; 3 (like
+    ``systemctl status``) when none does."""
     status = _broker(args).status()
+    holder = status.holder
     if status.running:
-        console.print(
-            f"Kafka running at {status.bootstrap} (pid {status.pid}), data in {status.data_dir}"
+        said = f"Kafka running at {status.bootstrap} (pid {status.pid}), data in {status.data_dir}"
+    elif holder is not None and holder.data_dir is not None:
+        said = (
+            f"Kafka is running at {status.bootstrap} (pid {holder.pid}) from data dir "
+            f"{holder.data_dir}, not from {status.data_dir}: --data-dir {holder.data_dir} names it"
         )
-        return 0
-    console.print(f"Kafka is not running at {status.bootstrap} (data dir {status.data_dir})")
-    return 3  # like `systemctl status`: not running is not success
+    elif holder is not None and holder.pid is not None:
+        said = (
+            f"a Kafka broker that epochal did not start is running at {status.bootstrap} "
+            f"(pid {holder.pid}); none runs from {status.data_dir}"
+        )
+    else:
+        port = status.bootstrap.rpartition(":")[2]
+        taken = f", and port {port} on 127.0.0.1 is taken by another process" if holder else ""
+        said = f"Kafka is not running at {status.bootstrap} (data dir {status.data_dir}){taken}"
+        console.print(said, highlight=False, soft_wrap=True)
+        return 3
+    console.print(said, highlight=False, soft_wrap=True)
+    return 0
 
 
 def _apps_from_working_directory() -> None:

@@ -25,7 +25,7 @@ from epochal.errors import BrokerUnavailableError, ConfigError, LocalBrokerError
 from epochal.jvm import JarSet, require_jars
 from epochal.log.client import KafkaClients
 
-__all__ = ["BrokerStatus", "LocalBroker"]
+__all__ = ["BrokerStatus", "LocalBroker", "PortHolder"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,13 +50,24 @@ logger.started.level = info
 
 
 @dataclass(frozen=True)
+class PortHolder:
+    """What listens on a broker's port while that broker (of its data dir) does not run: another
+    Kafka broker (``pid``; ``data_dir`` when it is a local broker like this one), or a process
+    that cannot be named (both None)."""
+
+    pid: int | None = None
+    data_dir: Path | None = None
+
+
+@dataclass(frozen=True)
 class BrokerStatus:
-    """What ``epochal kafka status`` reports."""
+    """What ``epochal kafka status`` reports; ``holder`` when not running but the port is taken."""
 
     running: bool
     bootstrap: str
     data_dir: Path
     pid: int | None = None
+    holder: PortHolder | None = None
 
     @property
     def log_file(self) -> Path:
@@ -71,6 +82,29 @@ def _port_is_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def _broker_on(port: int) -> PortHolder | None:
+    """The Kafka broker whose config (the argument after its main class) listens on ``port``.
+
+    A local broker keeps its config in its data dir beside its pid file: that dir is named."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            config = Path(argv[argv.index(_MAIN_CLASS) + 1])
+            text = config.read_text()
+        except (OSError, ValueError, IndexError):
+            continue  # not a broker, gone meanwhile, or its config unreadable
+        listeners = [line for line in text.splitlines() if line.startswith("listeners=")]
+        ports = {
+            entry.rsplit(":", 1)[-1].strip() for line in listeners for entry in line.split(",")
+        }
+        if str(port) in ports:
+            local = (config.parent / "broker.pid").is_file()
+            return PortHolder(int(proc.name), config.parent if local else None)
+    return None
 
 
 def _java() -> str:
@@ -113,7 +147,10 @@ class LocalBroker:
 
     def status(self) -> BrokerStatus:
         pid = self._running_pid()
-        return BrokerStatus(pid is not None, self.config.bootstrap, self.data_dir, pid)
+        holder = None
+        if pid is None and not _port_is_free(self.config.port):
+            holder = _broker_on(self.config.port) or PortHolder()
+        return BrokerStatus(pid is not None, self.config.bootstrap, self.data_dir, pid, holder)
 
     def start(self) -> bool:
         """Start the broker and wait until it answers; False if it was already running."""

@@ -52,6 +52,13 @@ def test_start_twice_gives_one_broker_and_stop_frees_the_port(
 
         status = _epochal(*flags, "status", *where)
         assert status.returncode == 0 and "running at" in status.stderr
+
+        # the port asked about, another data dir (this cache's default one, say): it runs
+        other = _epochal(*flags, "status", "--port", str(port), "--data-dir", str(tmp_path / "x"))
+        assert other.returncode == 0, other.stderr
+        said = " ".join(other.stderr.split())
+        assert f"running at 127.0.0.1:{port} (pid {_broker_pids(tmp_path / 'broker')[0]})" in said
+        assert f"from data dir {tmp_path / 'broker'}, not from {tmp_path / 'x'}" in said
     finally:
         stop = _epochal(*flags, "stop", *where)
     assert stop.returncode == 0 and "stopped" in stop.stderr
@@ -95,3 +102,16 @@ def test_start_without_jars_says_how_to_fetch_them(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 1
     assert "jars are missing" in result.stderr and "epochal jars fetch" in result.stderr
+
+
+def test_status_on_a_port_another_process_holds_says_so(cache: CacheConfig, tmp_path: Path) -> None:
+    port = free_port_pair()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        where = ["--port", str(port), "--data-dir", str(tmp_path)]
+        result = _epochal("--cache", str(cache.root), "kafka", "status", *where)
+    assert result.returncode == 3, result.stderr
+    said = " ".join(result.stderr.split())
+    assert f"Kafka is not running at 127.0.0.1:{port}" in said
+    assert f"port {port} on 127.0.0.1 is taken by another process" in said
