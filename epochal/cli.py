@@ -157,8 +157,8 @@ def _run(args: argparse.Namespace) -> int:
     from epochal.supervisor import ClusterConfig, Supervisor
 
     _apps_from_working_directory()
-    workers = args.workers or default_workers()
-    partitions = args.partitions or 2 * workers
+    workers = default_workers() if args.workers is None else args.workers
+    partitions = 2 * workers if args.partitions is None else args.partitions
     peers = (
         tuple(args.peers.split(","))
         if args.peers
@@ -669,11 +669,25 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(_cache(args), _broker(args), Path(args.warehouse), console)
 
 
+def _positive(text: str) -> int:
+    """A count of processes or partitions: 0 or less is a usage error, not a default."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {number}")
+    return number
+
+
 def _run_flags(run: argparse.ArgumentParser) -> None:
     """The flags of ``epochal run``: layout, epochs, failures, snapshots."""
-    run.add_argument("--workers", type=int, default=0,
-                     help="worker processes (default: usable cores - 1, at least 1)")  # fmt: skip
-    run.add_argument("--partitions", type=int, default=0, help="partitions (default 2 per worker)")
+    run.add_argument(
+        "--workers",
+        type=_positive,
+        help="worker processes (default: usable cores - 1, at least 1)",
+    )
+    run.add_argument("--partitions", type=_positive, help="partitions (default 2 per worker)")
     run.add_argument("--epoch-ms", type=int, default=20, help="close an epoch after this long")
     run.add_argument("--epoch-records", type=int, default=5000, help="... or this many records")
     run.add_argument("--peers", help="host:port of every worker, comma-separated")

@@ -61,3 +61,23 @@ def test_replay_show_of_an_unknown_actor_type_is_a_usage_error(
     said = " ".join(capsys.readouterr().err.split())
     assert "--show Unknown: testbank has no such actor type" in said
     assert "(its actor types: Account, AuditLog)" in said
+
+
+@pytest.mark.parametrize("flag", ["--workers", "--partitions"])
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_workers_and_partitions_below_one_are_refused(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0 once meant "the default" without a word; the default is the flag left out."""
+    with pytest.raises(SystemExit) as exited:
+        _parser().parse_args(["run", "examples.bank.app:app", flag, value])
+    assert exited.value.code == 2
+    said = capsys.readouterr().err
+    assert f"argument {flag}: " in said
+    assert f"got {value}" in said or f"got {value!r}" in said
+
+
+def test_workers_and_partitions_left_out_are_worked_out_at_run_time() -> None:
+    args = _parser().parse_args(["run", "examples.bank.app:app"])
+    assert args.workers is None and args.partitions is None
+    assert _parser().parse_args(["run", "x:app", "--workers", "3"]).workers == 3
