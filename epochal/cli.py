@@ -159,6 +159,13 @@ def _run(args: argparse.Namespace) -> int:
     _apps_from_working_directory()
     workers = default_workers() if args.workers is None else args.workers
     partitions = 2 * workers if args.partitions is None else args.partitions
+    if partitions < workers:
+        given = "" if args.workers is not None else " (the default: usable cores - 1)"
+        raise _UsageError(
+            f"--partitions {partitions} is fewer than the {workers} workers{given}: a worker "
+            f"would own no partition and sit idle; give --partitions {workers} or more, or fewer "
+            "--workers"
+        )
     peers = (
         tuple(args.peers.split(","))
         if args.peers

@@ -328,6 +328,17 @@ class WorkerConfig:
     query_token: str = field(default="", repr=False)
     query_tls: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ConfigError("a cluster needs at least one worker", workers=self.workers)
+        if self.partitions < self.workers:
+            raise ConfigError(
+                f"{self.workers} workers need at least {self.workers} partitions, not "
+                f"{self.partitions}: a worker without a partition would sit idle",
+                workers=self.workers,
+                partitions=self.partitions,
+            )
+
 
 @dataclass(frozen=True)
 class FailureConfig:

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, SparkConfig
+from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, SparkConfig, WorkerConfig
+from epochal.errors import ConfigError
 
 
 def test_kafka_secrets_are_redacted_in_repr_but_passed_to_clients() -> None:
@@ -54,3 +55,13 @@ def test_kafka_config_pickles_for_child_processes() -> None:
 
     config = KafkaConfig("b:9092", {"sasl.password": "x"})
     assert pickle.loads(pickle.dumps(config)) == config
+
+
+def test_a_worker_config_with_fewer_partitions_than_workers_is_refused() -> None:
+    """The programmatic path says what ``epochal run`` says: a worker would own nothing."""
+    with pytest.raises(ConfigError, match="2 workers need at least 2 partitions, not 1") as raised:
+        WorkerConfig("bank", workers=2, partitions=1)
+    assert raised.value.context == {"workers": 2, "partitions": 1}
+    with pytest.raises(ConfigError, match="at least one worker"):
+        WorkerConfig("bank", workers=0, partitions=4)
+    assert WorkerConfig("bank", workers=2, partitions=2).partitions == 2
