@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from epochal.log.command_log import LoggedEpoch
     from epochal.log.status import StatusReader
     from epochal.recovery.snapshots import Warehouse
+    from epochal.recovery.spark_recovery import RecoveryReport
     from epochal.schemas.snapshots import Manifest
     from epochal.supervisor import ClusterConfig
 
@@ -373,6 +374,9 @@ def _recover(args: argparse.Namespace) -> int:
             from_ssid=args.from_ssid, into=args.into,
             allow_code_change=args.allow_code_change, progress=progress,
         )  # fmt: skip
+    if not report.ssids:  # in place, and no epoch after the snapshot: nothing was written
+        _say_nothing_to_recover(report)
+        return 0
     how = (f"in parallel: {report.groups:,} key groups in {report.tasks} tasks"
            if report.parallel else f"as one ordered task ({report.ordered_reason})")  # fmt: skip
     console.print(
@@ -386,6 +390,18 @@ def _recover(args: argparse.Namespace) -> int:
         console.print(f"  `epochal run` resumes from it (command-log position "
                       f"{report.command_log_position})")  # fmt: skip
     return 0
+
+
+def _say_nothing_to_recover(report: RecoveryReport) -> None:
+    position = report.command_log_position
+    if report.from_ssid is None:
+        said = f"nothing to recover: {report.tables} has no snapshot and an empty command log"
+    else:
+        said = (
+            f"nothing to recover: snapshot ssid={report.from_ssid} is already the latest, and the "
+            f"command log holds no epoch after it (command-log position {position})"
+        )
+    console.print(said, highlight=False, soft_wrap=True)
 
 
 def _recover_weak(args: argparse.Namespace, config: SnapshotConfig, spark: Any) -> int:

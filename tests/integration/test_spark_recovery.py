@@ -3,7 +3,8 @@ its snapshot equals the in-engine replay and the serial oracle, and a cluster re
 exactly once; a log of independent key groups replays in several tasks, one whose transactions
 link every group (or an app with interior transactions) in one ordered task, saying why;
 ``into`` replays a fixed handler into separate tables without touching the original ones; a
-truncated log, or a weak-mode snapshot, is refused before anything is written."""
+truncated log, or a weak-mode snapshot, is refused before anything is written; ``epochal recover``
+with no epoch after the latest snapshot says there was nothing to recover."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from bench.recover import app as branch_app
 from bench.recover import branch_log, fee_app, log_epochs, snapshot_log
 from epochal.actors.api import App
 from epochal.actors.oracle import SerialOracle
+from epochal.cli import main
 from epochal.config import SnapshotConfig
 from epochal.errors import LogTruncatedError, RecoveryError
 from epochal.log.client import KafkaClients
@@ -263,3 +265,26 @@ def test_a_truncated_log_is_refused_before_anything_is_written(
     missing = f"{manifest.command_log_position}..{logged.positions[2]}"
     assert raised.value.context == {"topic": topic, "partition": 0, "missing": missing}
     assert logged.snapshots.manifests() == [manifest]
+
+
+def test_epochal_recover_with_nothing_after_the_latest_snapshot_says_so(
+    kafka: KafkaClients,
+    spark: SparkSession,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every epoch is in a snapshot: no replay and no new snapshot, and the command says which
+    snapshot stays the latest (it announced ``snapshots []``)."""
+    logged = _logged(kafka, tmp_path, snapshot_every=1, until=1 << 30, transactions=300)
+    latest = logged.snapshots.manifests()[-1]
+    assert latest.epoch == logged.records[-1].epoch
+    monkeypatch.setenv("PYTHONHASHSEED", "0")  # else recover re-executes itself under it
+    flags = ["recover", BRANCHES, "--name", logged.app.name]  # the jars: $EPOCHAL_CACHE's
+    where = ["--warehouse", logged.config.warehouse, "--bootstrap", kafka.config.bootstrap_servers]
+    assert main([*flags, *where]) == 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"nothing to recover: snapshot ssid={latest.ssid} is already the latest" in said
+    assert f"(command-log position {latest.command_log_position})" in said
+    assert "snapshots []" not in said and "replayed" not in said
+    assert logged.snapshots.manifests()[-1] == latest
