@@ -19,6 +19,7 @@ import contextlib
 import hmac
 import logging
 import operator
+import reprlib
 import ssl
 import time
 from collections.abc import Callable
@@ -55,6 +56,7 @@ __all__ = [
     "QueryServer",
     "aggregate_step",
     "check_binding",
+    "check_range",
     "condition_test",
     "describe_query_metrics",
 ]
@@ -303,6 +305,7 @@ class QueryServer:
         for bound in (request.lo, request.hi):
             if bound is not None:
                 self._check_key(actor_type, bound)
+        check_range(actor_type.name, request.lo, request.hi)
         conditions = [condition_test(c) for c in request.where]
         steps = [aggregate_step(spec) for spec in request.aggregates]
         store, name, state = self.engine.store, actor_type.name, actor_type.state
@@ -344,6 +347,16 @@ def _field(value: Any, path: str) -> Any:
     return value
 
 
+def check_range(actor_type: str, lo: Any, hi: Any) -> None:
+    """``[lo, hi)`` with ``lo`` after ``hi`` is a mistake (bounds swapped), refused at every
+    isolation level; ``lo == hi`` is an empty range and answers nothing."""
+    if lo is not None and hi is not None and lo > hi:
+        reversed_range = (
+            f"the key range [{lo!r}, {hi!r}) of {actor_type} is reversed: lo is after hi"
+        )
+        raise _BadRequest(QueryCode.BAD_REQUEST, reversed_range)
+
+
 def condition_test(condition: Condition) -> Callable[[Any], bool]:
     """``condition`` as a test of a decoded actor state."""
     test = _OPS.get(condition.op)
@@ -365,7 +378,8 @@ def condition_test(condition: Condition) -> Callable[[Any], bool]:
 
 def aggregate_step(spec: str) -> Callable[[Any, Any], Any]:
     """``count``, ``sum:f``, ``min:f``, ``max:f`` as ``step(partial, value) -> partial`` (None
-    starts it); combining two partials is the same step on the client (see ``combine``)."""
+    starts it); combining two partials is the same step on the client (see ``combine``). A field
+    that is None is skipped; a sum of something else than numbers is refused."""
     kind, _, path = spec.partition(":")
     if kind == "count" and not path:
         return lambda partial, value: (partial or 0) + 1
@@ -380,6 +394,18 @@ def aggregate_step(spec: str) -> Callable[[Any, Any], Any]:
             item = _field(value, path)
         except (AttributeError, KeyError) as exc:
             raise _BadRequest(QueryCode.BAD_REQUEST, f"aggregate {spec!r}: {exc}") from exc
-        return item if partial is None else pick(partial, item)
+        if item is None:  # skipped, as SQL skips NULL: else its place in key order would matter
+            return partial
+        if kind == "sum" and not isinstance(item, int | float):
+            said = (
+                f"aggregate {spec!r}: {path} is a {type(item).__name__} ({reprlib.repr(item)}), "
+                "and sum adds numbers only"
+            )
+            raise _BadRequest(QueryCode.BAD_REQUEST, said)
+        try:
+            return item if partial is None else pick(partial, item)
+        except TypeError as exc:  # min or max of values that do not compare (an int and None)
+            said = f"aggregate {spec!r}: {exc}"
+            raise _BadRequest(QueryCode.BAD_REQUEST, said) from exc
 
     return step

@@ -361,6 +361,7 @@ class QueryClient:
         for bound in (lo, hi):
             if bound is not None:
                 _check_key(actor_type, bound)
+        _check_range(actor_type, lo, hi)
         if isolation.level == "snapshot":
             rows = await asyncio.to_thread(
                 self._snapshots().scan, actor_type.name, lo, hi, _ssid(isolation)
@@ -383,25 +384,26 @@ class QueryClient:
     ) -> dict[str, Any]:  # fmt: skip
         """``count``, ``sum:<field>``, ``min:<field>``, ``max:<field>`` over the actors with
         keys in ``[lo, hi)`` meeting ``where``, computed on the workers over one consistent cut
-        (unless ``LIVE``). None where nothing was aggregated (a min of no actors)."""
+        (unless ``LIVE``). None where nothing was aggregated (a min of no actors); a field that
+        is None is skipped; a sum of a field that is no number is a QueryError."""
         specs = list(aggregates) or ["count"]
         actor_type = self._actor_type(actor)
         conditions = [Condition(f, op, v) for f, op, v in where]
+        _check_range(actor_type, lo, hi)
+        partials: list[list[Any]]  # per actor (a snapshot's) or per page (the workers')
         if isolation.level == "snapshot":
             rows = await self.scan(actor_type.name, lo, hi, where=where, isolation=isolation,
                                    timeout_s=timeout_s)  # fmt: skip
-            totals: list[Any] = [None] * len(specs)
-            for _, value in rows:
-                for i, spec in enumerate(specs):
-                    totals[i] = _combine(spec, totals[i], _one(spec, value))
-            return dict(zip(specs, totals, strict=True))
-        request = Scan(0, 0, actor_type.name, lo, hi, _level(isolation), where=conditions,
-                       aggregates=specs)  # fmt: skip
-        pages = await self._scan_pages(actor_type, request, timeout_s)
-        totals = [None] * len(specs)
-        for page in pages:
+            partials = [[_one(spec, value) for spec in specs] for _, value in rows]
+        else:
+            request = Scan(0, 0, actor_type.name, lo, hi, _level(isolation), where=conditions,
+                           aggregates=specs)  # fmt: skip
+            pages = await self._scan_pages(actor_type, request, timeout_s)
+            partials = [page.results for page in pages]
+        totals: list[Any] = [None] * len(specs)
+        for partial in partials:
             for i, spec in enumerate(specs):
-                totals[i] = _combine(spec, totals[i], page.results[i])
+                totals[i] = _combine(spec, totals[i], partial[i])
         if "count" in specs and totals[specs.index("count")] is None:
             totals[specs.index("count")] = 0
         return dict(zip(specs, totals, strict=True))
@@ -414,6 +416,8 @@ class QueryClient:
 
         async def attempt() -> list[Any]:
             workers = self._workers_for_range(actor_type, request.lo, request.hi)
+            if not workers:  # an empty range ([k, k) at a split point): no worker holds any of it
+                return []
             first = msgspec.structs.replace(request, generation=self._generation())
             replies = await self._at_one_cut(dict.fromkeys(workers, first))
 
@@ -721,6 +725,12 @@ def _ssid(isolation: Isolation) -> int:
 
 def _decoded(actor_type: ActorType, data: bytes | None) -> Any:
     return None if data is None else decode_canonical(data, actor_type.state)
+
+
+def _check_range(actor_type: ActorType, lo: ActorKey | None, hi: ActorKey | None) -> None:
+    from epochal.actors.query_server import check_range
+
+    check_range(actor_type.name, lo, hi)
 
 
 def _meets(value: Any, conditions: list[Condition]) -> bool:

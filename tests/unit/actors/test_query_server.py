@@ -18,15 +18,17 @@ from typing import Any
 import msgspec
 import pytest
 
+from epochal.actors.api import App
 from epochal.actors.engine import Engine
 from epochal.actors.oracle import SerialOracle
-from epochal.actors.query_server import SCAN_BUDGET, QueryServer
+from epochal.actors.query_server import SCAN_BUDGET, QueryServer, aggregate_step
 from epochal.actors.transport import Peers
-from epochal.client import COMMITTED, LIVE, SERIALIZABLE, QueryClient
+from epochal.client import COMMITTED, LIVE, SERIALIZABLE, SNAPSHOT, QueryClient
 from epochal.errors import QueryError, QueryUnavailableError
 from epochal.metrics import Metrics
-from epochal.schemas.canonical import decode_canonical
-from epochal.schemas.commands import EpochRecord, KeyRef
+from epochal.schemas.canonical import decode_canonical, encode_canonical
+from epochal.schemas.commands import ActorKey, EpochRecord, KeyRef
+from epochal.schemas.queries import ReadLevel, Scan
 from tests.conftest import free_ports
 from tests.unit.actors.workload import (
     ACCOUNTS,
@@ -61,7 +63,7 @@ def _oracle_states(records: list[EpochRecord]) -> dict[int, dict[KeyRef, bytes]]
 @asynccontextmanager
 async def _cluster(
     workers: int = 2, partitions: int = 4, token: str = "", tls: ssl.SSLContext | None = None,
-    metrics: list[Metrics] | None = None,
+    metrics: list[Metrics] | None = None, *, runs: App = app,
 ) -> AsyncIterator[tuple[list[Engine], list[QueryServer], list[str]]]:  # fmt: skip
     base = free_ports(2 * workers)
     peers_at = [f"127.0.0.1:{base + w}" for w in range(workers)]
@@ -73,7 +75,7 @@ async def _cluster(
             if workers > 1
             else None
         )
-        engines.append(Engine(app, partitions, w, workers, peers, queries=True))
+        engines.append(Engine(runs, partitions, w, workers, peers, queries=True))
     servers = [
         QueryServer(e, query_at, 1, token=token, tls=tls, metrics=metrics[w] if metrics else None)
         for w, e in enumerate(engines)
@@ -291,3 +293,74 @@ def test_queries_over_tls_with_a_token(tmp_path: Path) -> None:
                 await QueryClient(app, endpoints, token="t", timeout_s=0.5).connect()
 
     asyncio.run(main())
+
+
+shop = App("shop")
+
+
+@shop.actor(key=str, key_sample=["a", "g", "n", "t"])
+class Order(msgspec.Struct):
+    status: str = "open"
+    amount: int = 0
+    note: str | None = None
+
+
+class _OneSnapshot:
+    """A snapshot in memory, as the warehouse's reader gives it (the SNAPSHOT level's source)."""
+
+    def __init__(self, rows: dict[ActorKey, bytes]) -> None:
+        self.rows = sorted(rows.items())
+
+    def get(self, actor_type: str, keys: Any, ssid: int) -> dict[ActorKey, bytes | None]:
+        found = dict(self.rows)
+        return {k: found.get(k) for k in keys}
+
+    def scan(
+        self, actor_type: str, lo: ActorKey | None, hi: ActorKey | None, ssid: int
+    ) -> list[tuple[ActorKey, bytes]]:
+        return [(k, v) for k, v in self.rows if (lo is None or lo <= k) and (hi is None or k < hi)]
+
+
+def test_reversed_ranges_and_sums_of_non_numbers_are_the_same_query_error_at_every_level() -> None:
+    """``scan(T, "z", "a")`` failed in the client with ``max() arg is an empty sequence`` (so did
+    an empty range at a split point), a sum over a str field joined the strings, a min over
+    None and a str depended on which came first; a count of nothing in a snapshot was None."""
+    orders = {f"{c}1": Order("open" if c < "m" else "shipped", ord(c)) for c in "bdhkpwz"}
+    orders["x9"] = Order(note="gift")
+    rows = {key: encode_canonical(order) for key, order in orders.items()}
+    reversed_range = r"key range \['z', 'a'\) of Order is reversed"
+    expected = {
+        "count": len(orders),
+        "sum:amount": sum(o.amount for o in orders.values()),
+        "max:status": "shipped",
+        "min:note": "gift",
+    }
+
+    async def main() -> None:
+        async with _cluster(runs=shop) as (engines, servers, endpoints):
+            for key, data in rows.items():
+                ref = KeyRef("Order", key)
+                partition = engines[0].ranges.partition_of(ref)
+                engines[engines[0].worker_of[partition]].store.apply(ref, partition, data, 0)
+            for engine in engines:
+                engine.executed = engine.completed = 0
+            split = engines[0].ranges.points["Order"][0]
+            async with QueryClient(shop, endpoints, snapshots=_OneSnapshot(rows)) as client:
+                for level in (LIVE, COMMITTED, SNAPSHOT(0)):
+                    with pytest.raises(QueryError, match=reversed_range):
+                        await client.scan(Order, "z", "a", isolation=level)
+                    with pytest.raises(QueryError, match=reversed_range):
+                        await client.aggregate(Order, lo="z", hi="a", isolation=level)
+                    assert await client.scan(Order, split, split, isolation=level) == []
+                    empty = await client.aggregate(Order, lo=split, hi=split, isolation=level)
+                    assert empty == {"count": 0}, level
+                    with pytest.raises(QueryError, match="'sum:status': status is a str"):
+                        await client.aggregate(Order, "sum:status", isolation=level)
+                    totals = await client.aggregate(Order, *expected, isolation=level)
+                    assert totals == expected, level
+            with pytest.raises(QueryError, match=reversed_range):  # to any client
+                servers[0].answer(Scan(1, 1, "Order", "z", "a", ReadLevel.LIVE))
+
+    asyncio.run(main())
+    with pytest.raises(QueryError, match="'min:x': '<' not supported"):
+        aggregate_step("min:x")(1, {"x": "one"})  # values of one field that do not compare
