@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
     from epochal.actors.snapshots import Restored
     from epochal.log.amendments import Amendments
+    from epochal.log.client import KafkaClients
     from epochal.log.command_log import LoggedEpoch
     from epochal.log.status import StatusReader
     from epochal.recovery.snapshots import Warehouse
@@ -286,7 +287,9 @@ def _replay(args: argparse.Namespace) -> int:
             )
     clients = KafkaClients(KafkaConfig(args.bootstrap, _settings(args.kafka_setting)))
     restored = None
-    if not args.from_start:
+    if args.from_start:
+        _check_whole_log(clients, app, args.app)
+    else:
         snapshots = DeltaSnapshots(app, SnapshotConfig(args.warehouse), partitions=1)
         with console.status(f"loading the latest snapshot from {snapshots.warehouse.uri()}"):
             restored = snapshots.restore()
@@ -319,6 +322,25 @@ def _replay(args: argparse.Namespace) -> int:
         console.print(f"saved the {epochs} epochs to {args.save_log} "
                       "(epochal.testing.AppTest.from_command_log reads it)")  # fmt: skip
     return 0
+
+
+def _check_whole_log(clients: KafkaClients, app: App, spec: str) -> None:
+    """``--from-start`` needs the command log from offset 0, which retention deletes back to
+    the oldest snapshot kept: say so, and what replays instead, rather than fail mid-read."""
+    from epochal.errors import LogTruncatedError
+
+    topic = app.topics.command_log
+    first = clients.watermarks(topic)[0]
+    if first > 0:
+        raise LogTruncatedError(
+            f"--from-start replays the whole command log, but it was trimmed back to the oldest "
+            f"snapshot kept and now starts at offset {first}: replay from the latest snapshot "
+            f"(leave out --from-start), or run `epochal recover {spec}` to replay the log "
+            "after it in Spark",
+            topic=topic,
+            partition=0,
+            missing=f"0..{first - 1}",
+        )
 
 
 def _saving(

@@ -1,8 +1,9 @@
 """Strong recovery from snapshots with real processes, Kafka and Delta: ``kill -9`` of a worker
 while a snapshot is being written and between epochs, on 2 workers, recovers the oracle's state
 with every input once and every egress record once; a restart resumes from the latest snapshot,
-not from the log's start; retention trims the logs back to the oldest snapshot kept; and
-snapshots on or off leave the same final state."""
+not from the log's start; retention trims the logs back to the oldest snapshot kept (then
+``epochal replay --from-start`` says what to run instead); and snapshots on or off leave the same
+final state."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from epochal.actors.digest import state_digest
 from epochal.actors.engine import LocalEngine
 from epochal.actors.oracle import SerialOracle
 from epochal.actors.snapshots import carried_of
+from epochal.cli import main
 from epochal.config import KafkaConfig
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import KafkaCommandLog
@@ -77,7 +79,9 @@ def test_a_restart_resumes_from_the_latest_snapshot_not_the_log_start(cluster: C
     cluster.stop()
 
 
-def test_retention_trims_the_logs_back_to_the_oldest_snapshot_kept(cluster: Cluster) -> None:
+def test_retention_trims_the_logs_back_to_the_oldest_snapshot_kept(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     cluster.start(workers=1, partitions=2, extra=[*EVERY_EPOCH, "--keep-snapshots", "2"])
     for _ in range(5):
         cluster.produce(200, deposits=True)
@@ -102,6 +106,18 @@ def test_retention_trims_the_logs_back_to_the_oldest_snapshot_kept(cluster: Clus
     assert engine.digest() == newest.digest
     egress = cluster.egress()
     assert len(egress) == len({(r.epoch, r.seq) for r in egress}) == cluster.transfers
+
+    # `epochal replay --from-start` says what replays instead; it failed mid-read
+    monkeypatch.setenv("PYTHONHASHSEED", "0")  # else replay re-executes itself under it
+    bootstrap = cluster.kafka.config.bootstrap_servers
+    replay = ["replay", cluster.app_spec, "--name", cluster.name, "--bootstrap", bootstrap]
+    replay += ["--warehouse", str(cluster.warehouse)]
+    assert main([*replay, "--from-start"]) == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"now starts at offset {oldest.command_log_position}: replay from the latest" in said
+    assert "leave out --from-start" in said and f"`epochal recover {cluster.app_spec}`" in said
+    assert main(replay) == 0  # the default: from the latest snapshot
+    assert f"digest {newest.digest}" in " ".join(capsys.readouterr().err.split())
 
 
 def test_snapshots_on_or_off_leave_the_same_final_state(
