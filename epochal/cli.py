@@ -33,7 +33,7 @@ from epochal.config import (
     WorkerConfig,
     cache_dir_from_env,
 )
-from epochal.errors import ConfigError, EpochalError
+from epochal.errors import ConfigError, EpochalError, LogTruncatedError
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.local_broker import LocalBroker
 
@@ -327,8 +327,6 @@ def _replay(args: argparse.Namespace) -> int:
 def _check_whole_log(clients: KafkaClients, app: App, spec: str) -> None:
     """``--from-start`` needs the command log from offset 0, which retention deletes back to
     the oldest snapshot kept: say so, and what replays instead, rather than fail mid-read."""
-    from epochal.errors import LogTruncatedError
-
     topic = app.topics.command_log
     first = clients.watermarks(topic)[0]
     if first > 0:
@@ -415,6 +413,7 @@ def _recover(args: argparse.Namespace) -> int:
 
 
 def _say_nothing_to_recover(report: RecoveryReport) -> None:
+    """Said instead of 'replayed 0 transactions' and 'snapshots [] committed'."""
     position = report.command_log_position
     if report.from_ssid is None:
         said = f"nothing to recover: {report.tables} has no snapshot and an empty command log"
@@ -844,8 +843,12 @@ def _recovery_commands(commands: Any, app_flags: Callable[[argparse.ArgumentPars
     listing.add_argument("--warehouse", default="warehouse", help="where the snapshots are")
     listing.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                          help="delta-rs storage option")  # fmt: skip
-    listing.add_argument("--format", choices=("table", "json", "csv"), default="table",
-                         help="a table, JSON lines or CSV")  # fmt: skip
+    listing.add_argument(
+        "--format",
+        choices=("table", "json", "csv"),
+        default="table",
+        help="a table, JSON lines or CSV",
+    )
     listing.set_defaults(handler=_snapshots)
 
     status = commands.add_parser(
