@@ -420,7 +420,8 @@ def _say_nothing_to_recover(report: RecoveryReport) -> None:
     else:
         said = (
             f"nothing to recover: snapshot ssid={report.from_ssid} is already the latest, and the "
-            f"command log holds no epoch after it (command-log position {position})"
+            "command log holds no epoch after it; `epochal run` resumes from it (command-log "
+            f"position {position})"
         )
     console.print(said, highlight=False, soft_wrap=True)
 

@@ -285,6 +285,9 @@ def test_epochal_recover_with_nothing_after_the_latest_snapshot_says_so(
     assert main([*flags, *where]) == 0
     said = " ".join(capsys.readouterr().err.split())
     assert f"nothing to recover: snapshot ssid={latest.ssid} is already the latest" in said
-    assert f"(command-log position {latest.command_log_position})" in said
+    assert (
+        f"`epochal run` resumes from it (command-log position {latest.command_log_position})"
+        in said
+    )
     assert "snapshots []" not in said and "replayed" not in said
     assert logged.snapshots.manifests()[-1] == latest
