@@ -13,8 +13,11 @@
     def transfer(ctx: Context, e: Transfer) -> None:
         ...
 
-A transaction is bound to an input topic (*border*), to an event type that other transactions
-``emit`` (*interior*, no topic), or is invoked by clients (``client=True``). Its ``keys`` function
+A transaction is bound to an input topic (*border*): ``topic="transfers"`` names epochal's own
+``<app>.in.transfers``, ``external_topic="payments.v1"`` a topic the user already has, by its
+full name, which epochal reads with the same guarantees but never creates, trims nor changes the
+retention of. Or it is bound to an event type that other transactions ``emit`` (*interior*, no
+topic), or invoked by clients (``client=True``). Its ``keys`` function
 declares, from the event alone, every actor it may read or write (Calvin, TStream): the sequencer
 logs them and the engine routes by them; touching another key aborts the transaction.
 """
@@ -22,6 +25,7 @@ logs them and the engine routes by them; touching another key aborts the transac
 from __future__ import annotations
 
 import importlib
+import re
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +49,8 @@ S = TypeVar("S", bound=msgspec.Struct)
 E = TypeVar("E")
 
 KeysFn = Callable[[Any], Mapping[type, Iterable[ActorKey]]]
+
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,8 @@ class Handler:
     topic: str | None = None
     client: bool = False
     aborts_to: str | None = None
+    external_topic: str | None = None
+    """A topic epochal did not create, by its full name (``topic`` is then None)."""
     codec: Codec[Any] = field(init=False, repr=False, compare=False)
     """How the event is made canonical, and decoded."""
 
@@ -89,7 +97,7 @@ class Handler:
 
     @property
     def interior(self) -> bool:
-        return self.topic is None and not self.client
+        return self.topic is None and self.external_topic is None and not self.client
 
 
 @dataclass
@@ -183,20 +191,23 @@ class App:
         client: bool = False,
         aborts_to: str | None = None,
         name: str | None = None,
+        external_topic: str | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register ``fn(ctx, event)`` as a transaction; see the module docstring."""
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            handler = Handler(name or fn.__name__, fn, event, keys, topic, client, aborts_to)
+            handler = Handler(
+                name or fn.__name__, fn, event, keys, topic, client, aborts_to, external_topic
+            )
             if handler.name in self.handlers:
                 raise ConfigError("transaction registered twice", handler=handler.name)
+            self._check_external(handler)
             _check_decodable(event, f"the event type of {handler.name}")
-            if topic is not None:
-                sharing = [h.event for h in self.handlers.values() if h.topic == topic]
+            full = self.input_topic(handler)
+            if full is not None:
+                sharing = [h.event for h in self.handlers.values() if self.input_topic(h) == full]
                 if sharing:
-                    _check_decodable(
-                        Union[(*sharing, event)], f"the event types of topic {topic!r}"
-                    )
+                    _check_decodable(Union[(*sharing, event)], f"the event types of topic {full!r}")
             if handler.interior and any(
                 h.interior and h.event is event for h in self.handlers.values()
             ):
@@ -288,9 +299,47 @@ class App:
         raise ConfigError("no transaction handles this emitted event", event=type(event).__name__)
 
     def topic_handlers(self, topic: str) -> list[Handler]:
-        """Handlers of one input topic, by its short name (``transfers``) or full name."""
-        short = topic.removeprefix(f"{self.name}.in.")
-        return [h for h in self.handlers.values() if h.topic == short]
+        """Handlers of one input topic, by its full name (``bank.in.transfers``, or an
+        external topic's), or the short name of one of epochal's own (``transfers``)."""
+        return [
+            h for h in self.handlers.values() if self.input_topic(h) == topic or h.topic == topic
+        ]
+
+    def input_topic(self, handler: Handler) -> str | None:
+        """The full name of the topic a border transaction reads (None for the others)."""
+        if handler.external_topic is not None:
+            return handler.external_topic
+        return None if handler.topic is None else self.topics.input(handler.topic)
+
+    def input_topics(self) -> list[str]:
+        """Every topic the app's transactions read, by full name, sorted."""
+        return sorted({t for h in self.handlers.values() if (t := self.input_topic(h))})
+
+    def external_topics(self) -> list[str]:
+        """The input topics epochal did not create (``external_topic=``), sorted."""
+        return sorted({h.external_topic for h in self.handlers.values() if h.external_topic})
+
+    def _check_external(self, handler: Handler) -> None:
+        """``external_topic`` names a Kafka topic that is not epochal's, instead of ``topic``."""
+        external = handler.external_topic
+        if external is None:
+            return
+        if handler.topic is not None:
+            raise ConfigError(
+                "give a transaction topic= (epochal's <app>.in.<topic>) or "
+                "external_topic= (a topic you have), not both",
+                handler=handler.name,
+            )
+        if not _TOPIC_NAME.fullmatch(external) or external in (".", ".."):
+            raise ConfigError(
+                f"external_topic {external!r} is not a valid Kafka topic name", handler=handler.name
+            )
+        if external.startswith(f"{self.name}."):
+            raise ConfigError(
+                f"external_topic {external!r} is in the app's own namespace "
+                f"({self.name}.*): name it with topic= instead",
+                handler=handler.name,
+            )
 
     def declared_keys(self, handler: Handler, event: object) -> tuple[KeyRef, ...]:
         """The handler's key set for one event, checked and sorted (a deterministic order)."""

@@ -101,7 +101,7 @@ def skip_input(
             "this app runs in strong recovery mode, where a logged input is skipped by its "
             "transaction: --epoch E --seq S, as the poison line names it", app=app.name,
         )  # fmt: skip
-    topics = {app.topics.input(h.topic) for h in app.handlers.values() if h.topic}
+    topics = set(app.input_topics())
     if topic not in topics | {app.topics.requests}:
         raise ConfigError(f"{topic} is not an input topic of the app (it reads "
                           f"{', '.join(sorted(topics))})", topic=topic)  # fmt: skip

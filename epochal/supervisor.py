@@ -232,7 +232,7 @@ def _sequencer_main(config: ClusterConfig, name: MemberName, parent: int) -> Non
     app = load_app(config.app_spec, config.app_name)
     set_title(f"epochal: sequencer of {app.name}")
     clients = KafkaClients(config.kafka)
-    inputs = sorted({h.topic for h in app.handlers.values() if h.topic})
+    inputs = app.input_topics()
     snapshots = _snapshots(config, app)
     latest = snapshots.latest if snapshots else lambda: None
     sequencer = Sequencer(
@@ -612,7 +612,7 @@ class Supervisor:
         from epochal.log.sequencer import Sequencer
 
         app = load_app(self.config.app_spec, self.config.app_name)
-        inputs = sorted({h.topic for h in app.handlers.values() if h.topic})
+        inputs = app.input_topics()
         egress = sorted({h.aborts_to for h in app.handlers.values() if h.aborts_to})
         clients = KafkaClients(self.config.kafka)
         Sequencer(self.config.sequencer, clients, app, inputs, "").ensure_topics(

@@ -237,12 +237,13 @@ class AppTest(Results):
     def send(
         self, topic: str, value: object, *, partition: int = 0, key: bytes | None = None
     ) -> InputPosition:
-        """Put a record on input topic ``topic`` (``transfers`` or ``bank.in.transfers``) for
-        the next :meth:`run`: an event is msgpack-encoded as a producer would; ``bytes`` go as
-        they are, so JSON, msgpack and garbage reach the sequencer's validation. Returns where
-        the record is (dead letters and egress records name it so)."""
-        prefix = f"{self.app.name}.in."
-        full = topic if topic.startswith(prefix) else self.app.topics.input(topic)
+        """Put a record on input topic ``topic`` (``transfers`` or ``bank.in.transfers``, or an
+        ``external_topic`` by its name) for the next :meth:`run`: an event is msgpack-encoded as
+        a producer would; ``bytes`` go as they are, so JSON, msgpack and garbage reach the
+        sequencer's validation. Returns where the record is (dead letters and egress records
+        name it so)."""
+        own = topic.startswith(f"{self.app.name}.in.")
+        full = topic if own or topic in self.app.input_topics() else self.app.topics.input(topic)
         data = value if isinstance(value, bytes) else encode(value)
         offset = self._take_offset(full, partition)
         self._inputs.append(InputRecord(full, partition, offset, data, key, self.now_ms))

@@ -58,7 +58,7 @@ from confluent_kafka import (
 )
 
 from epochal.config import SequencerConfig
-from epochal.errors import LogError
+from epochal.errors import ConfigError, LogError
 from epochal.log.amendments import read_amendments
 from epochal.log.client import FOREVER, KafkaClients, translate_kafka_error
 from epochal.log.command_log import KafkaCommandLog, chunk_epoch
@@ -115,7 +115,7 @@ class Sequencer:
     ``latest_snapshot`` reads the app's latest snapshot (None: there is none, or no snapshots):
     where a command log that retention trimmed back to it goes on from.
 
-    >>> Sequencer(config, clients, app, ["transfers"], app.code_hash()).run(lambda: stopping)
+    >>> Sequencer(config, clients, app, app.input_topics(), app.code_hash()).run(lambda: stopping)
     """
 
     def __init__(
@@ -135,7 +135,7 @@ class Sequencer:
         self.clients = clients
         self.router = router
         self.names = TopicNames(config.app)
-        self.inputs = [self.names.input(name) for name in inputs]
+        self.inputs = list(inputs)  # full names: epochal's own and external ones
         self.code_hash = code_hash
         self.final_epoch = final_epoch  # a stop logs a final epoch (a savepoint): epochal run's
         self.schedule = SnapshotSchedule(config.snapshot_interval_ms, config.snapshot_every_epochs)
@@ -158,6 +158,12 @@ class Sequencer:
         """The topics transactions come from: the inputs and the requests topic."""
         return [*self.inputs, self.names.requests]
 
+    @property
+    def external_inputs(self) -> list[str]:
+        """The input topics that are not epochal's (``external_topic=``): never created,
+        trimmed nor given another retention here."""
+        return [topic for topic in self.inputs if not self.names.is_input(topic)]
+
     def streams(self, existing: Iterable[str]) -> list[str]:
         """The topics the sequencer reads: :attr:`transaction_streams`, and any other topic of
         ``existing`` named like an input (its records are dead letters: no transaction reads
@@ -171,11 +177,23 @@ class Sequencer:
         The command log's retention is forever (epochal trims it back to the oldest snapshot
         kept); the input and requests topics get ``input_retention_ms`` (default forever). An
         existing topic that keeps less gets its retention raised, with a warning; none is ever
-        lowered.
+        lowered. An external input topic (``external_topic=``) is the user's: it must exist,
+        and epochal changes nothing of it.
         """
+        external = self.external_inputs
+        if external:
+            known = self.clients.admin().list_topics(timeout=_KAFKA_TIMEOUT_S).topics
+            missing = [topic for topic in external if topic not in known]
+            if missing:
+                raise ConfigError(
+                    f"input topic {missing[0]} does not exist: a transaction reads it as an "
+                    "external_topic, which epochal never creates; create it (with the "
+                    "partitions and retention you want) and start again",
+                    topic=missing[0],
+                )
         retention = self.config.input_retention_ms
         stream_config = {"retention.ms": str(retention), "retention.bytes": str(FOREVER)}
-        streams = self.transaction_streams
+        streams = [topic for topic in self.transaction_streams if topic not in external]
         self.clients.create_topics(streams, partitions=input_partitions, config=stream_config)
         self.clients.create_topics([self.names.command_log], partitions=1, config=_FOREVER)
         self.clients.create_topics([self.names.dead_letters], partitions=1)
@@ -362,11 +380,22 @@ class Sequencer:
             for p in new:
                 offset = positions.get(position_key(topic, p))
                 if offset is not None:
-                    self.clients.check_position("the sequencer cannot resume", topic, p, offset)
+                    self.clients.check_position(self._resume_failure(topic), topic, p, offset)
                 assignment.append(TopicPartition(topic, p, OFFSET_BEGINNING
                                                  if offset is None else offset))  # fmt: skip
                 self._assigned.add((topic, p))
         return assignment
+
+    def _resume_failure(self, topic: str) -> str:
+        """What a position an input no longer holds means: for an external topic, that its own
+        retention (which epochal never changes) deleted what the latest snapshot needs."""
+        if topic in self.external_inputs:
+            return (
+                "the sequencer cannot resume: the external topic's retention (its own: epochal "
+                "never changes it) deleted records after the latest snapshot's position; keep "
+                "them longer than the snapshot interval, or recover past them"
+            )
+        return "the sequencer cannot resume"
 
     def _assign_new(self, consumer: Consumer, positions: Mapping[str, int]) -> None:
         """Take in topics named like inputs (and partitions) created since the start; a broker

@@ -131,7 +131,7 @@ class _Input:
         """Where each partition of each input topic starts, checked to be still held."""
         metadata = self.clients.admin().list_topics(timeout=30)
         names = self.app.topics
-        read = {names.input(h.topic) for h in self.app.handlers.values() if h.topic}
+        read = set(self.app.input_topics())
         unread = {t for t in metadata.topics if names.is_input(t)}  # dead letters, as in the run
         topics = sorted(read | unread | {names.requests})
         starts: dict[str, dict[str, int]] = {}

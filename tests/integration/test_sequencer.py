@@ -57,7 +57,12 @@ def _sequencer(
     settings.setdefault("snapshot_interval_ms", 0)  # epochs counted here are the input's only
     config = SequencerConfig(name, epoch_ms=50, **settings)
     return Sequencer(
-        config, kafka, _Renamed(name), ["things"], "code", latest_snapshot=lambda: snapshot
+        config,
+        kafka,
+        _Renamed(name),
+        [f"{name}.in.things"],
+        "code",
+        latest_snapshot=lambda: snapshot,
     )
 
 
@@ -349,7 +354,7 @@ def test_a_new_sequencer_fences_the_old_one_before_it_reads_the_tail(
         old.produce(f"{name}.cmd", chunk)
     old.flush(WAIT_S)
 
-    new = _RacedByOldSequencer(sequencer.config, kafka, _Renamed(name), ["things"], "code")
+    new = _RacedByOldSequencer(sequencer.config, kafka, _Renamed(name), sequencer.inputs, "code")
     new.old = old
     with running(new) as run:
         _produce(kafka, topic, [_blob("two")])

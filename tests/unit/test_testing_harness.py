@@ -117,6 +117,21 @@ def test_json_is_accepted_and_invalid_bytes_are_dead_letters_with_reasons() -> N
     }  # fmt: skip
 
 
+def test_an_external_topic_is_fed_by_its_full_name() -> None:
+    """A transaction that reads a topic epochal did not create takes records sent to that
+    topic's name as it is, and its dead letters name it."""
+    from tests.integration.external_app import Add, Tally
+    from tests.integration.external_app import app as external
+
+    t = AppTest(external)
+    topic = external.external_topics()[0]
+    t.send(topic, Add(3, 5))
+    t.send(topic, b"\xc1")
+    run = t.run()
+    assert t.get(Tally, 3) == Tally(5)
+    assert [(d.topic, d.offset) for d in run.dead_letters] == [(topic, 1)]
+
+
 def test_the_dead_letters_are_in_the_sequencers_order() -> None:
     t = AppTest(app)
     t.send("transfers", b"\xc1", partition=1)

@@ -66,7 +66,7 @@ def test_two_event_types_msgspec_cannot_tell_apart_are_refused_at_registration()
     with pytest.raises(ConfigError) as refused:
         app.transaction(topic="things", event=AlsoUntagged, keys=lambda e: {}, name="also")(_noop)
     assert "Untagged, AlsoUntagged" in str(refused.value)
-    assert "topic 'things'" in str(refused.value) and "tag=True" in str(refused.value)
+    assert "topic 'api.in.things'" in str(refused.value) and "tag=True" in str(refused.value)
     app.transaction(topic="tagged", event=Tagged, keys=lambda e: {}, name="t1")(_noop)
     app.transaction(topic="tagged", event=AlsoTagged, keys=lambda e: {}, name="t2")(_noop)
 
@@ -74,6 +74,40 @@ def test_two_event_types_msgspec_cannot_tell_apart_are_refused_at_registration()
 def test_an_event_type_msgspec_cannot_decode_is_refused_at_registration() -> None:
     with pytest.raises(ConfigError, match="cannot decode the event type of odd"):
         _app().transaction(event=Plain, keys=lambda e: {}, name="odd")(_noop)
+
+
+def test_an_external_topic_is_read_by_its_full_name_and_routed_like_the_own_ones() -> None:
+    app = _app()
+    app.transaction(external_topic="payments.v1", event=Tagged, keys=lambda e: {}, name="p")(_noop)
+    app.transaction(external_topic="payments.v1", event=AlsoTagged, keys=lambda e: {},
+                    name="p2")(_noop)  # fmt: skip
+    app.transaction(topic="own", event=Untagged, keys=lambda e: {Item: [e.key]}, name="o")(_noop)
+    assert app.input_topics() == ["api.in.own", "payments.v1"]
+    assert app.external_topics() == ["payments.v1"]
+    assert [h.name for h in app.topic_handlers("payments.v1")] == ["p", "p2"]
+    assert not app.handlers["p"].interior
+    assert app.route("payments.v1", b'{"type": "AlsoTagged", "key": "k"}').handler == "p2"
+    assert app.route("api.in.own", b'{"key": "k"}').handler == "o"
+    with pytest.raises(SchemaError, match="no transaction reads this topic"):
+        app.route("api.in.payments.v1", b'{"type": "Tagged", "key": "k"}')
+
+
+@pytest.mark.parametrize(
+    ("topic", "external", "refused"),
+    [
+        ("own", "payments.v1", "not both"),
+        (None, "pay ments", "not a valid Kafka topic name"),
+        (None, "..", "not a valid Kafka topic name"),
+        (None, "x" * 250, "not a valid Kafka topic name"),
+        (None, "api.in.own", "in the app's own namespace"),
+    ],
+)
+def test_an_external_topic_that_could_not_be_one_is_refused_at_registration(
+    topic: str | None, external: str, refused: str
+) -> None:
+    with pytest.raises(ConfigError, match=refused):
+        _app().transaction(topic=topic, external_topic=external, event=Tagged,
+                           keys=lambda e: {})(_noop)  # fmt: skip
 
 
 def _route(keys: Any, value: bytes = b'{"type": "Tagged", "key": "a"}') -> Any:
