@@ -3,6 +3,8 @@ encode equals the event JSON made one event at a time, whatever the mix of event
 
 from __future__ import annotations
 
+import datetime
+import enum
 import json
 
 import msgspec
@@ -10,6 +12,7 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
+from epochal.actors.api import App
 from epochal.actors.snapshots import Reported
 from epochal.recovery.log_tables import _EventJson, reported_commands_table
 from epochal.schemas.commands import CommandTxn, EpochRecord, InputPosition, KeyRef, Origin
@@ -92,3 +95,48 @@ def test_archive_rows_are_the_transactions_as_logged(
     for row in rows:
         row["now_ms"] = round(row.pop("time").timestamp() * 1000)
     assert [{k: row[k] for k in expected[0]} for row in rows] == expected if expected else not rows
+
+
+class _Kind(enum.Enum):
+    A = "a"
+    B = "b"
+
+
+class _Inner(msgspec.Struct, array_like=True):
+    n: int
+    tags: list[str]
+
+
+class _Rich(msgspec.Struct, tag="rich", rename="camel", omit_defaults=True):
+    some_name: str
+    when: datetime.datetime
+    blob: bytes
+    kind: _Kind
+    inner: _Inner
+    by_id: dict[int, float]
+    maybe: int | None = None
+
+
+_rich_app = App("jsonapp")
+_rich_app.transaction(topic="rich", event=_Rich, keys=lambda e: {})(lambda ctx, e: None)
+_RICH = st.builds(
+    _Rich, st.text(max_size=5),
+    st.datetimes(timezones=st.just(datetime.UTC)).map(lambda d: d.replace(microsecond=0)),
+    st.binary(max_size=6), st.sampled_from(_Kind),
+    st.builds(_Inner, st.integers(-(2**63), 2**63 - 1), st.lists(st.text(max_size=3), max_size=3)),
+    st.dictionaries(st.integers(-9, 9), st.floats(allow_nan=False), max_size=3),
+    st.one_of(st.none(), st.integers(0, 9)),
+)  # fmt: skip
+
+
+@given(st.lists(_RICH, max_size=8))
+def test_event_json_is_the_json_of_the_typed_event(events: list[_Rich]) -> None:
+    """Decoded as plain msgpack, an event's JSON is the JSON of the event decoded as its type:
+    tags, renamed and omitted fields, array-like structs, bytes, enums, times, int keys."""
+    logged = [msgspec.msgpack.encode(e) for e in events]
+    typed = [msgspec.json.encode(msgspec.msgpack.decode(b, type=_Rich)).decode() for b in logged]
+    as_json = _EventJson(_rich_app)
+    assert [as_json("<lambda>", b) for b in logged] == typed
+    assert (
+        pa.array(as_json.many([("<lambda>", b) for b in logged]), pa.string()).to_pylist() == typed
+    )
