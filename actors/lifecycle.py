@@ -1,4 +1,5 @@
-"""What every process of a cluster does first: die with its supervisor, and say what it is.
+"""What every process of a cluster does first: die with its supervisor, say what it is, and
+log the way the others do.
 
 A child that outlives its supervisor keeps executing and committing beside the children of the
 next ``epochal run`` (seen in a chaos run: two sequencers logging the same epoch numbers). On
@@ -15,7 +16,9 @@ supervisor and its children) from whatever has their pids now: :func:`kill_earli
 from __future__ import annotations
 
 import ctypes
+import datetime
 import gc
+import json
 import logging
 import os
 import re
@@ -29,7 +32,11 @@ from pathlib import Path
 
 import setproctitle
 
+from epochal.config import LogFormat
+
 __all__ = [
+    "LOG_FORMAT_ENV",
+    "JsonLines",
     "child_logging",
     "collect_less",
     "die_with_parent",
@@ -76,9 +83,40 @@ def collect_less() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def child_logging() -> None:
-    """How every child of a supervisor logs: INFO and up, with time and logger, on stderr."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+LOG_FORMAT_ENV = "EPOCHAL_LOG_FORMAT"
+"""The log format of a cluster's processes: ``epochal run --log-format`` sets it for its
+children (it is also that flag's default)."""
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+def child_logging(level: int = logging.INFO) -> None:
+    """How every process of a cluster logs, the supervisor included: ``level`` and up on
+    stderr, as text (time, level, logger, message) or as JSON lines (:class:`JsonLines`), as
+    ``$EPOCHAL_LOG_FORMAT`` says."""
+    handler = logging.StreamHandler()
+    json_lines = os.environ.get(LOG_FORMAT_ENV, LogFormat.TEXT) == LogFormat.JSON
+    handler.setFormatter(JsonLines() if json_lines else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object a record: ``time`` (UTC, ms), ``level``, ``logger``, ``message``,
+    ``pid``, ``process`` (its title: ``epochal: worker 0 of bank (generation 2)``), and an
+    exception's traceback as ``exception``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+        entry = {
+            "time": when.isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+            "process": setproctitle.getproctitle(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
 
 
 def set_title(title: str) -> None:

@@ -21,11 +21,13 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from epochal.actors.api import App, load_app
+from epochal.actors.lifecycle import LOG_FORMAT_ENV, child_logging
 from epochal.config import (
     CacheConfig,
     FailureConfig,
     KafkaConfig,
     LocalBrokerConfig,
+    LogFormat,
     RebalanceConfig,
     SequencerConfig,
     SnapshotConfig,
@@ -51,6 +53,8 @@ if TYPE_CHECKING:
     from epochal.supervisor import ClusterConfig
 
 __all__ = ["entry", "main"]
+
+logger = logging.getLogger(__name__)
 
 console = Console(stderr=True)
 _BROKER_CHECK_S = 10.0  # how long `epochal run` waits for a first answer from the broker
@@ -214,10 +218,14 @@ def _run(args: argparse.Namespace) -> int:
         ),
     )  # fmt: skip
     _check_before_start(config)
-    console.print(
-        f"running {args.app} as {app_name!r}: {workers} worker{'s' * (workers != 1)}, "
-        f"{partitions} partitions, "
-        f"Kafka at {args.bootstrap} (Ctrl-C or SIGTERM stops)"
+    logger.info(
+        "running %s as %r: %d worker%s, %d partitions, Kafka at %s (Ctrl-C or SIGTERM stops)",
+        args.app,
+        app_name,
+        workers,
+        "s" * (workers != 1),
+        partitions,
+        args.bootstrap,
     )
     return Supervisor(config).run()
 
@@ -733,6 +741,12 @@ def _run_flags(run: argparse.ArgumentParser) -> None:
         help="worker processes (default: usable cores - 1, at least 1)",
     )
     run.add_argument("--partitions", type=_positive, help="partitions (default 2 per worker)")
+    run.add_argument(
+        "--log-format",
+        choices=[f.value for f in LogFormat],
+        default=os.environ.get(LOG_FORMAT_ENV, LogFormat.TEXT.value),
+        help="every process's log lines: text, or one JSON object a line ($EPOCHAL_LOG_FORMAT)",
+    )
     run.add_argument("--epoch-ms", type=int, default=20, help="close an epoch after this long")
     run.add_argument("--epoch-records", type=int, default=5000, help="... or this many records")
     run.add_argument("--peers", help="host:port of every worker, comma-separated")
@@ -1009,7 +1023,13 @@ def main(argv: Sequence[str] | None = None, *, exit_at_once: bool = False) -> in
     if args.command in ("replay", "recover", "demo"):
         _with_fixed_hash_seed(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
-    logging.basicConfig(level=level, format="%(message)s", handlers=[RichHandler(console=console)])
+    if args.command == "run":  # the supervisor logs as its children do (and tells them how)
+        os.environ[LOG_FORMAT_ENV] = args.log_format
+        level = min(level, logging.INFO)
+        child_logging(level)
+    else:
+        handlers = [RichHandler(console=console)]
+        logging.basicConfig(level=level, format="%(message)s", handlers=handlers)
     logging.getLogger("epochal.librdkafka").setLevel(max(level, logging.ERROR))
     try:
         code: int = args.handler(args)

@@ -10,7 +10,7 @@ import os
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -23,6 +23,7 @@ __all__ = [
     "KafkaConfig",
     "Listener",
     "LocalBrokerConfig",
+    "LogFormat",
     "RebalanceConfig",
     "SequencerConfig",
     "SnapshotConfig",
@@ -87,6 +88,14 @@ def resolve_warehouse(location: str) -> str:
         f"the warehouse's scheme {scheme}:// is not supported: give a path, file://, or {known}",
         warehouse=location,
     )
+
+
+class LogFormat(StrEnum):
+    """How the processes of a cluster write their log lines: text, or one JSON object a line
+    (for a log shipper: Fluent Bit, Vector, Loki, CloudWatch)."""
+
+    TEXT = "text"
+    JSON = "json"
 
 
 class Listener(Enum):

@@ -363,6 +363,7 @@ class Supervisor:
         self.metrics.describe("epochal_generation", "gauge", "the cluster's generation")
         self.metrics.set("epochal_broker_available", 1.0)
         self.rollbacks = 0  # failures rolled back in this run (a rebalance is not one)
+        self._ready = 0  # the last generation said to be ready
         self.started_ms = int(time.time() * 1000)
         self.status: StatusPublisher | None = None  # once the topics exist
 
@@ -386,6 +387,8 @@ class Supervisor:
             while not stop():
                 time.sleep(_TICK_S)
                 lost = self._lost()
+                if not lost and self._ready < self.generation and self.watch.all_seen():
+                    self._say_ready()
                 if lost and not stop():
                     self._roll_back(lost, stop)
                 elif not stop() and not self.outage.away and self.rebalancer.due(time.monotonic()):
@@ -404,6 +407,27 @@ class Supervisor:
             if self.status is not None:
                 self.status.stop(self._report(ProcessState.STOPPED))
         return 0
+
+    def _say_ready(self) -> None:
+        """One line once every process of a generation has joined: where to query, scrape
+        and look."""
+        self._ready = self.generation
+        worker = self.config.worker
+        ports = (
+            [worker.metrics_port + w for w in range(worker.workers)] if worker.metrics_port else []
+        )
+        ports += [p for p in (self.config.sequencer.metrics_port, self.config.metrics_port) if p]
+        metrics = ",".join(f"127.0.0.1:{port}" for port in ports) or "off"
+        queries = ",".join(worker.query) or "off"
+        logger.info(
+            "ready app=%s generation=%d workers=%d queries=%s metrics=%s (epochal status %s)",
+            self.app_name,
+            self.generation,
+            worker.workers,
+            queries,
+            metrics,
+            self.app_name,
+        )
 
     def _stop_at_savepoint(self, deadline: float) -> None:
         """A clean stop: the sequencer logs a final epoch and exits; the workers run it, commit

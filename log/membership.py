@@ -168,6 +168,10 @@ class MemberWatch:
         for key in [k for k in self._expected if k[0] == role and k[1] >= count]:
             del self._expected[key]
 
+    def all_seen(self) -> bool:
+        """Every expected member has joined the group (a start or a rollback is done)."""
+        return bool(self._expected) and all(e.seen for e in self._expected.values())
+
     def judge(self, view: GroupView, now: float) -> list[Lost]:
         lost = []
         for expected in self._expected.values():

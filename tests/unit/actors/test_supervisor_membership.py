@@ -114,3 +114,14 @@ def test_a_loop_pulse_gives_the_startup_bound_then_the_failure_bound() -> None:
     assert pulse.alive(29.0) and not pulse.alive(30.0)
     pulse.beat(29.5)
     assert pulse.alive(31.0) and not pulse.alive(31.6)
+
+
+def test_all_seen_once_every_expected_member_has_joined_and_again_after_a_new_generation() -> None:
+    watch = _watch()
+    assert not MemberWatch(startup_timeout_s=1.0).all_seen()  # nothing expected yet
+    watch.judge(_view(GroupState.REBALANCING, SEQ, W0), now=1.0)
+    assert not watch.all_seen()
+    watch.judge(_view(GroupState.STABLE, SEQ, W0, W1), now=2.0)
+    assert watch.all_seen()
+    watch.expect(MemberName("abc123", Role.WORKER, 1, 3), now=3.0)  # a rollback's new worker
+    assert not watch.all_seen()
