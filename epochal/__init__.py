@@ -19,6 +19,8 @@ from epochal.client import (
     Isolation,
     Outcome,
     QueryClient,
+    ReadDict,
+    ReadList,
 )
 from epochal.config import (
     CacheConfig,
@@ -83,6 +85,8 @@ __all__ = [
     "QueryError",
     "QueryTimeoutError",
     "QueryUnavailableError",
+    "ReadDict",
+    "ReadList",
     "RebalanceConfig",
     "RecoveryError",
     "SchemaError",

@@ -82,14 +82,41 @@ __all__ = [
     "Isolation",
     "Outcome",
     "QueryClient",
+    "ReadDict",
+    "ReadList",
     "SnapshotSource",
 ]
 
 T = TypeVar("T")
 R = TypeVar("R", Get, Scan)
+_R = TypeVar("_R", "ReadDict", "ReadList")
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Reply)
 _MAX_REPLY_BYTES = 256 * 1024 * 1024
+
+
+class ReadDict(dict[Any, Any]):
+    """What ``get_many`` and ``aggregate`` return: a dict that also says the ``epoch`` it was
+    read at, so that a client shared by threads or tasks knows which epoch each result is of:
+    ``COMMITTED``, the cut every worker answered at; ``SERIALIZABLE``, the epoch the read ran
+    in; ``SNAPSHOT(ssid)``, the snapshot's (its ssid); ``LIVE``, -1 (no one cut)."""
+
+    epoch: int
+
+    def __init__(self, items: Mapping[Any, Any], epoch: int) -> None:
+        super().__init__(items)
+        self.epoch = epoch
+
+
+class ReadList(list[tuple[Any, Any]]):
+    """What ``scan`` returns: ``(key, state)`` pairs, and the ``epoch`` they were read at (as
+    :class:`ReadDict` says)."""
+
+    epoch: int
+
+    def __init__(self, items: Iterable[tuple[Any, Any]], epoch: int) -> None:
+        super().__init__(items)
+        self.epoch = epoch
 
 
 @dataclass(frozen=True)
@@ -280,9 +307,10 @@ class QueryClient:
         self.replies_lookback_ms = replies_lookback_ms
         self.layout: Layout | None = None
         self.read_epoch = -1
-        """The epoch the last ``COMMITTED`` read was answered at (-1 for ``LIVE``)."""
+        """The epoch the last read was answered at (its result's ``epoch``, which a client
+        shared by threads should read instead)."""
         self._connections: dict[int, _Connection] = {}
-        self._refreshing: asyncio.Future[None] | None = None
+        self._learning = asyncio.Lock()  # one task at a time learns or forgets the layout
         self._replies: RequestChannel | None = None
 
     async def __aenter__(self) -> QueryClient:
@@ -297,9 +325,7 @@ class QueryClient:
         await self._retrying(lambda: asyncio.sleep(0), timeout_s)
 
     async def close(self) -> None:
-        for connection in self._connections.values():
-            await connection.close()
-        self._connections.clear()
+        await self._drop_connections()
         if self._replies is not None:
             self._replies.close()
 
@@ -316,46 +342,54 @@ class QueryClient:
     async def get_many(
         self, actor: type | str, keys: Iterable[ActorKey], *, isolation: Isolation = COMMITTED,
         timeout_s: float | None = None,
-    ) -> dict[ActorKey, Any]:  # fmt: skip
+    ) -> ReadDict:  # fmt: skip
         """Several actors of one type, read at one consistent cut (``COMMITTED``,
-        ``SERIALIZABLE``, ``SNAPSHOT``); None for keys with no actor."""
+        ``SERIALIZABLE``, ``SNAPSHOT``); None for keys with no actor. The result's ``epoch``
+        says which cut (:class:`ReadDict`)."""
         actor_type = self._actor_type(actor)
         wanted = list(dict.fromkeys(keys))
         for key in wanted:
             _check_key(actor_type, key)
         if isolation.level == "serializable":
-            return await self._serializable(actor_type, wanted, timeout_s)
+            return self._read(await self._serializable(actor_type, wanted, timeout_s))
         if isolation.level == "snapshot":
             data = await asyncio.to_thread(
                 self._snapshots().get, actor_type.name, wanted, _ssid(isolation)
             )
-            return {k: _decoded(actor_type, data.get(k)) for k in wanted}
+            found = {k: _decoded(actor_type, data.get(k)) for k in wanted}
+            return self._read(ReadDict(found, _ssid(isolation)))
         level = _level(isolation)
 
-        async def attempt() -> dict[ActorKey, Any]:
+        async def attempt() -> ReadDict:
             by_worker = self._by_worker(actor_type, wanted)
             generation = self._generation()
             requests = {w: Get(0, generation, actor_type.name, ks, level)
                         for w, ks in by_worker.items()}  # fmt: skip
-            replies = await self._at_one_cut(requests)
+            replies, epoch = await self._at_one_cut(requests)
             found: dict[ActorKey, Any] = {}
             for worker, reply in replies.items():
                 assert isinstance(reply, Values)
                 for key, value in zip(by_worker[worker], reply.values, strict=True):
                     found[key] = _decoded(actor_type, value)
-            return found
+            return ReadDict(found, epoch)
 
-        return await self._retrying(attempt, timeout_s)
+        return self._read(await self._retrying(attempt, timeout_s))
+
+    def _read(self, result: _R) -> _R:
+        """A result, its epoch also kept as :attr:`read_epoch` (the last read's)."""
+        self.read_epoch = result.epoch
+        return result
 
     async def scan(
         self, actor: type | str, lo: ActorKey | None = None, hi: ActorKey | None = None, *,
         where: Iterable[tuple[str, str, Any]] = (), predicate: Callable[[Any], bool] | None = None,
         isolation: Isolation = COMMITTED, limit: int | None = None,
         timeout_s: float | None = None,
-    ) -> list[tuple[ActorKey, Any]]:  # fmt: skip
+    ) -> ReadList:  # fmt: skip
         """The actors with keys in ``[lo, hi)`` meeting ``where`` (``(field, op, value)``,
         evaluated on the workers) and ``predicate`` (a function, evaluated here), in key order,
-        as ``(key, state)``; at most ``limit``. One consistent cut unless ``LIVE``."""
+        as ``(key, state)``; at most ``limit``. One consistent cut unless ``LIVE``, whose epoch
+        the result's ``epoch`` says (:class:`ReadList`)."""
         actor_type = self._actor_type(actor)
         conditions = [Condition(f, op, v) for f, op, v in where]
         for bound in (lo, hi):
@@ -368,24 +402,26 @@ class QueryClient:
             )
             found = [(k, _decoded(actor_type, v)) for k, v in rows]
             found = [(k, v) for k, v in found if _meets(v, conditions)]
+            epoch = _ssid(isolation)
         else:
             request = Scan(0, 0, actor_type.name, lo, hi, _level(isolation), where=conditions)
-            pages = await self._scan_pages(actor_type, request, timeout_s)
+            pages, epoch = await self._scan_pages(actor_type, request, timeout_s)
             found = [(k, _decoded(actor_type, v)) for page in pages
                      for k, v in zip(page.keys, page.values, strict=True)]  # fmt: skip
         if predicate is not None:
             found = [(k, v) for k, v in found if predicate(v)]
-        return found if limit is None else found[:limit]
+        return self._read(ReadList(found if limit is None else found[:limit], epoch))
 
     async def aggregate(
         self, actor: type | str, *aggregates: str, lo: ActorKey | None = None,
         hi: ActorKey | None = None, where: Iterable[tuple[str, str, Any]] = (),
         isolation: Isolation = COMMITTED, timeout_s: float | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> ReadDict:  # fmt: skip
         """``count``, ``sum:<field>``, ``min:<field>``, ``max:<field>`` over the actors with
         keys in ``[lo, hi)`` meeting ``where``, computed on the workers over one consistent cut
-        (unless ``LIVE``). None where nothing was aggregated (a min of no actors); a field that
-        is None is skipped; a sum of a field that is no number is a QueryError."""
+        (unless ``LIVE``), whose epoch the result's ``epoch`` says. None where nothing was
+        aggregated (a min of no actors); a field that is None is skipped; a sum of a field that
+        is no number is a QueryError."""
         specs = list(aggregates) or ["count"]
         actor_type = self._actor_type(actor)
         conditions = [Condition(f, op, v) for f, op, v in where]
@@ -395,10 +431,11 @@ class QueryClient:
             rows = await self.scan(actor_type.name, lo, hi, where=where, isolation=isolation,
                                    timeout_s=timeout_s)  # fmt: skip
             partials = [[_one(spec, value) for spec in specs] for _, value in rows]
+            epoch = rows.epoch
         else:
             request = Scan(0, 0, actor_type.name, lo, hi, _level(isolation), where=conditions,
                            aggregates=specs)  # fmt: skip
-            pages = await self._scan_pages(actor_type, request, timeout_s)
+            pages, epoch = await self._scan_pages(actor_type, request, timeout_s)
             partials = [page.results for page in pages]
         totals: list[Any] = [None] * len(specs)
         for partial in partials:
@@ -406,20 +443,20 @@ class QueryClient:
                 totals[i] = _combine(spec, totals[i], partial[i])
         if "count" in specs and totals[specs.index("count")] is None:
             totals[specs.index("count")] = 0
-        return dict(zip(specs, totals, strict=True))
+        return self._read(ReadDict(dict(zip(specs, totals, strict=True)), epoch))
 
     async def _scan_pages(
         self, actor_type: ActorType, request: Scan, timeout_s: float | None
-    ) -> list[Any]:
+    ) -> tuple[list[Any], int]:
         """Every page of ``request`` (its id and generation are set here) from every worker
-        owning part of its key range, all at one epoch unless ``LIVE``."""
+        owning part of its key range, all at one epoch unless ``LIVE``; and that epoch."""
 
-        async def attempt() -> list[Any]:
+        async def attempt() -> tuple[list[Any], int]:
             workers = self._workers_for_range(actor_type, request.lo, request.hi)
             if not workers:  # an empty range ([k, k) at a split point): no worker holds any of it
-                return []
+                return [], -1
             first = msgspec.structs.replace(request, generation=self._generation())
-            replies = await self._at_one_cut(dict.fromkeys(workers, first))
+            replies, epoch = await self._at_one_cut(dict.fromkeys(workers, first))
 
             async def rest_of(worker: int, reply: Any) -> list[Any]:
                 pages = [reply]
@@ -430,7 +467,7 @@ class QueryClient:
                 return pages
 
             done = await asyncio.gather(*(rest_of(w, r) for w, r in replies.items()))
-            return [page for pages in done for page in pages]
+            return [page for pages in done for page in pages], epoch
 
         return await self._retrying(attempt, timeout_s)
 
@@ -470,15 +507,16 @@ class QueryClient:
 
     async def _serializable(
         self, actor_type: ActorType, keys: list[ActorKey], timeout_s: float | None
-    ) -> dict[ActorKey, Any]:
+    ) -> ReadDict:
         refs = [(actor_type.name, key) for key in keys]
         outcome = await self.submit(READ_HANDLER, ReadKeys(refs), timeout_s=timeout_s)
         if not outcome.committed:
             raise QueryError(f"the serializable read failed: {outcome.reason}")
-        return {
+        found = {
             key: None if raw is None else msgspec.convert(raw, actor_type.state)
             for key, raw in zip(keys, outcome.result, strict=True)
         }
+        return ReadDict(found, outcome.epoch)
 
     # --- layout, connections, retries --------------------------------------------------------
 
@@ -513,23 +551,25 @@ class QueryClient:
         last = len(owners) - 1 if hi is None else bisect.bisect_left(points, hi)
         return sorted({owners[p] for p in range(first, last + 1)})
 
-    async def _at_one_cut(self, requests: dict[int, R]) -> dict[int, Reply]:
-        """Each worker's checked reply to its request. ``COMMITTED`` requests to several workers
-        are answered at one epoch: first each at its own last completed one, then those that
-        answered at an older epoch again at the newest (every worker has run it)."""
+    async def _at_one_cut(self, requests: dict[int, R]) -> tuple[dict[int, Reply], int]:
+        """Each worker's checked reply to its request, and the epoch they were answered at (-1
+        for ``LIVE``). ``COMMITTED`` requests to several workers are answered at one epoch:
+        first each at its own last completed one, then those that answered at an older epoch
+        again at the newest (every worker has run it)."""
         futures = {w: self._send(w, _maker(r)) for w, r in requests.items()}
         replies = {w: self._checked(await f) for w, f in futures.items()}
+        if next(iter(requests.values())).level != ReadLevel.COMMITTED:
+            return replies, -1
         newest = max(getattr(r, "epoch", -1) for r in replies.values())
-        self.read_epoch = newest
-        if len(replies) < 2 or next(iter(requests.values())).level != ReadLevel.COMMITTED:
-            return replies
+        if len(replies) < 2:
+            return replies, newest
         again = {
             w: self._send(w, _maker(msgspec.structs.replace(requests[w], epoch=newest)))
             for w, r in replies.items()
             if getattr(r, "epoch", -1) != newest
         }
         replies.update({w: self._checked(await f) for w, f in again.items()})
-        return replies
+        return replies, newest
 
     def _send(self, worker: int, make: Callable[[int], Get | Scan]) -> asyncio.Future[Reply]:
         connection = self._connections.get(worker)
@@ -553,14 +593,14 @@ class QueryClient:
         pause = 0.02
         last = "no attempt"
         while True:
+            layout = self.layout
             try:
-                if self.layout is None or any(c.broken for c in self._connections.values()):
-                    await self._learn_layout(deadline)
+                layout = await self._current_layout(deadline)
                 return await asyncio.wait_for(attempt(), max(0.001, deadline - time.monotonic()))
             except _Retry as exc:
                 last = str(exc)
                 if "cut_too_old" not in last:
-                    await self._forget_layout()
+                    await self._forget_layout(layout)
             except TimeoutError:
                 raise QueryTimeoutError("the query timed out", timeout_s=timeout,
                                         last_error=last) from None  # fmt: skip
@@ -574,15 +614,29 @@ class QueryClient:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.5)
 
-    async def _forget_layout(self) -> None:
-        for connection in self._connections.values():
+    async def _current_layout(self, deadline: float) -> Layout | None:
+        """The layout calls go by, learnt again if there is none or a connection broke. Tasks
+        sharing the client (threads sharing a :class:`Client`) take turns: one learns, the
+        others then use what it learnt instead of closing its new connections."""
+        async with self._learning:
+            if self.layout is None or any(c.broken for c in self._connections.values()):
+                await self._drop_connections()
+                await self._learn_layout(deadline)
+            return self.layout
+
+    async def _forget_layout(self, failed: Layout | None) -> None:
+        """Forget the layout a call failed with, unless another task has learnt a newer one."""
+        async with self._learning:
+            if self.layout is failed:
+                await self._drop_connections()
+
+    async def _drop_connections(self) -> None:
+        connections, self._connections, self.layout = list(self._connections.values()), {}, None
+        for connection in connections:
             await connection.close()
-        self._connections.clear()
-        self.layout = None
 
     async def _learn_layout(self, deadline: float) -> None:
         """Connect to every worker of one generation, starting from any endpoint that answers."""
-        await self._forget_layout()
         known = list(dict.fromkeys(self.seeds))
         errors: list[str] = []
         for address in known:
@@ -660,21 +714,22 @@ class Client:
 
     @property
     def read_epoch(self) -> int:
-        """The epoch the last ``COMMITTED`` read was answered at."""
+        """The epoch the last read was answered at; a client shared by threads should read its
+        result's ``epoch`` instead (:class:`ReadDict`, :class:`ReadList`)."""
         return self.queries.read_epoch
 
     def get(self, actor: type | str, key: ActorKey, **options: Any) -> Any:
         return self._call(self.queries.get(actor, key, **options))
 
     def get_many(self, actor: type | str, keys: Iterable[ActorKey],
-                 **options: Any) -> dict[ActorKey, Any]:  # fmt: skip
+                 **options: Any) -> ReadDict:  # fmt: skip
         return self._call(self.queries.get_many(actor, keys, **options))
 
     def scan(self, actor: type | str, lo: ActorKey | None = None, hi: ActorKey | None = None,
-             **options: Any) -> list[tuple[ActorKey, Any]]:  # fmt: skip
+             **options: Any) -> ReadList:  # fmt: skip
         return self._call(self.queries.scan(actor, lo, hi, **options))
 
-    def aggregate(self, actor: type | str, *aggregates: str, **options: Any) -> dict[str, Any]:
+    def aggregate(self, actor: type | str, *aggregates: str, **options: Any) -> ReadDict:
         return self._call(self.queries.aggregate(actor, *aggregates, **options))
 
     def submit(self, handler: Callable[..., Any] | str, event: object,

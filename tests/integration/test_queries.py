@@ -71,31 +71,33 @@ def _client(cluster: Cluster, **options: object) -> Client:
 def _scanning(
     cluster: Cluster, samples: list[tuple[int, dict[int, int]]], clients: int
 ) -> Iterator[None]:
-    """``clients`` threads, each with its own client, scanning every balance ``COMMITTED`` in a
-    loop until the block ends: each scan must sum to the total; all go to ``samples``."""
+    """``clients`` threads sharing one client, scanning every balance ``COMMITTED`` in a loop
+    until the block ends: each scan must sum to the total; each goes to ``samples`` with the
+    epoch its result says it was read at (not the client's last: the threads share it)."""
     stop, failures = threading.Event(), []
 
-    def scan() -> None:
+    def scan(client: Client) -> None:
         try:
-            with _client(cluster) as client:
-                while not stop.is_set():
-                    rows = client.scan(Account, isolation=COMMITTED)
-                    balances = {key: account.balance for key, account in rows}
-                    samples.append((client.read_epoch, balances))
-                    assert sum(balances.values()) == TOTAL, "a scan saw a partial transfer"
-                    time.sleep(0.005)
+            while not stop.is_set():
+                rows = client.scan(Account, isolation=COMMITTED)
+                balances = {key: account.balance for key, account in rows}
+                samples.append((rows.epoch, balances))
+                assert sum(balances.values()) == TOTAL, "a scan saw a partial transfer"
+                time.sleep(0.005)
         except BaseException as exc:  # the test thread re-raises it
             failures.append(exc)
 
-    threads = [threading.Thread(target=scan, daemon=True) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
+    with _client(cluster) as shared:
+        threads = [threading.Thread(target=scan, args=(shared,), daemon=True)
+                   for _ in range(clients)]  # fmt: skip
         for thread in threads:
-            thread.join()
+            thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
     if failures:
         raise failures[0]
 
@@ -140,6 +142,7 @@ def test_committed_serializable_and_snapshot_reads_across_a_kill_9(
         outcome = client.submit("transfer", move, request_id="move-7").result()
         assert outcome.committed, outcome.reason
         now = client.get_many(Account, [rich, other], isolation=SERIALIZABLE)
+        assert now.epoch > outcome.epoch >= before.epoch  # sequenced after the transfer
         assert now[rich].balance == before[rich].balance - 7
         assert now[other].balance == before[other].balance + 7
         again = client.submit("transfer", move, request_id="move-7").result()
@@ -155,6 +158,7 @@ def test_committed_serializable_and_snapshot_reads_across_a_kill_9(
         version = manifest.state_versions["Account"]
         spark_rows = spark.read.format("delta").option("versionAsOf", version).load(table).collect()
         through_client = client.scan(Account, isolation=SNAPSHOT(manifest.ssid))
+        assert through_client.epoch == manifest.ssid
         assert {k: a.balance for k, a in through_client} == {
             r["_key"]: r["balance"] for r in spark_rows
         }

@@ -12,7 +12,8 @@ EXPORTED = {
     "SequencerConfig", "WorkerConfig", "FailureConfig", "EgressRecord", "DeadLetter",
     "SnapshotNotRetainedError", "register_views", "state_at", "SnapshotConfig", "SnapshotReader",
     "Client", "QueryClient", "Isolation", "Outcome", "LIVE", "COMMITTED", "SERIALIZABLE",
-    "SNAPSHOT", "QueryTimeoutError", "QueryUnavailableError", "RebalanceConfig",
+    "SNAPSHOT", "QueryTimeoutError", "QueryUnavailableError", "RebalanceConfig", "ReadDict",
+    "ReadList",
     "__version__",
 }  # fmt: skip
 

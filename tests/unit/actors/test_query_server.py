@@ -125,13 +125,15 @@ async def _scans_while_running(
         running = asyncio.ensure_future(_run_all(engines, records))
         scans = 0
         while not running.done():
-            pages = await client._scan_pages(  # the epoch each answer was read at
+            pages, epoch = await client._scan_pages(  # the epoch each answer was read at
                 app.actor_types["Account"],
                 _scan_request(level),
                 None,
             )
             epochs_read = {page.epoch for page in pages}
-            assert len(epochs_read) == 1, epochs_read  # one cut across both workers
+            assert epochs_read == {epoch}, epochs_read  # one cut across both workers, said
+            scanned = await client.scan(Account, isolation=COMMITTED)
+            check(scanned.epoch, _balances(scanned))  # what a caller sees: rows and their cut
             rows = [
                 (k, decode_canonical(v, Account))
                 for p in pages
