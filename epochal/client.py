@@ -48,7 +48,7 @@ import msgspec
 from epochal.actors.api import ActorType, App
 from epochal.actors.framing import FrameBuffer, framed, split_address
 from epochal.actors.serializable import READ_HANDLER, ReadKeys
-from epochal.config import KafkaConfig
+from epochal.config import KafkaConfig, SnapshotConfig
 from epochal.errors import (
     QueryError,
     QueryTimeoutError,
@@ -279,9 +279,11 @@ class QueryClient:
     ``endpoints``: one or more worker query addresses (``host:port``; any worker will do, the
     others are learnt). ``token``: the servers' shared token (default ``$EPOCHAL_QUERY_TOKEN``).
     ``tls``: an SSL context to connect with. ``kafka``: for ``submit`` and ``SERIALIZABLE``.
-    ``snapshots``: what reads snapshots, for ``SNAPSHOT(ssid)``: an
-    ``epochal.SnapshotReader(SnapshotConfig(warehouse), app.name)``. ``timeout_s``: how long a
-    call may take, retries included (each call may override it).
+    ``snapshots``: where the app's snapshots are, for ``SNAPSHOT(ssid)``: a
+    ``SnapshotConfig(warehouse)`` (the reader is made on the first such read), or a reader of
+    your own. With no ``endpoints`` (``()``) the client reads snapshots only, and needs no
+    running cluster. ``timeout_s``: how long a call may take, retries included (each call may
+    override it).
     """
 
     def __init__(
@@ -292,7 +294,7 @@ class QueryClient:
         token: str | None = None,
         tls: ssl.SSLContext | None = None,
         kafka: KafkaConfig | None = None,
-        snapshots: SnapshotSource | None = None,
+        snapshots: SnapshotSource | SnapshotConfig | None = None,
         timeout_s: float = 10.0,
         replies_lookback_ms: int = 10 * 60 * 1000,
     ) -> None:
@@ -321,8 +323,10 @@ class QueryClient:
         await self.close()
 
     async def connect(self, timeout_s: float | None = None) -> None:
-        """Learn the layout and connect to every worker (calls do it when needed)."""
-        await self._retrying(lambda: asyncio.sleep(0), timeout_s)
+        """Learn the layout and connect to every worker (calls do it when needed); nothing for
+        a client without endpoints (snapshot reads only)."""
+        if self.seeds:
+            await self._retrying(lambda: asyncio.sleep(0), timeout_s)
 
     async def close(self) -> None:
         await self._drop_connections()
@@ -588,6 +592,11 @@ class QueryClient:
     async def _retrying(self, attempt: Callable[[], Awaitable[T]], timeout_s: float | None) -> T:
         """``attempt()`` until it answers, learning the layout again after each retryable
         failure (a lost worker, a rollback, a replaying worker), until the timeout."""
+        if not self.seeds:
+            raise QueryError(
+                "this client has no query endpoints, so it reads snapshots only "
+                "(isolation=SNAPSHOT(ssid)): give it a worker's address for the others"
+            )
         timeout = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         pause = 0.02
@@ -676,12 +685,16 @@ class QueryClient:
         return self._replies
 
     def _snapshots(self) -> SnapshotSource:
-        if self.snapshot_source is None:
+        source = self.snapshot_source
+        if source is None:
             raise QueryError(
-                "SNAPSHOT reads need the warehouse: pass snapshots=SnapshotReader(SnapshotConfig("
-                "warehouse), app.name)"
+                "SNAPSHOT reads need the warehouse: pass snapshots=SnapshotConfig(warehouse)"
             )
-        return self.snapshot_source
+        if isinstance(source, SnapshotConfig):  # delta-rs loads now, not with the client
+            from epochal.recovery.snapshot_reads import SnapshotReader
+
+            source = self.snapshot_source = SnapshotReader(source, self.app.name)
+        return source
 
 
 class Client:

@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from epochal.actors.oracle import SerialOracle
 from epochal.client import COMMITTED, LIVE, SERIALIZABLE, SNAPSHOT, Client
 from epochal.config import SnapshotConfig
-from epochal.errors import SnapshotNotRetainedError
+from epochal.errors import QueryError, SnapshotNotRetainedError
 from epochal.recovery.log_tables import epochs_of
 from epochal.recovery.snapshot_reads import SnapshotReader
 from epochal.schemas.canonical import decode_canonical
@@ -102,6 +102,18 @@ def _scanning(
         raise failures[0]
 
 
+def _snapshot_reads_with_the_cluster_stopped(
+    cluster: Cluster, ssid: int, expected: list[tuple[int, Account]]
+) -> None:
+    """A client without endpoints, told the warehouse alone, reads snapshots (and only them)."""
+    offline = Client(app_named(cluster.name), (), snapshots=SnapshotConfig(str(cluster.warehouse)))
+    with offline:
+        again = offline.scan(Account, isolation=SNAPSHOT(ssid))
+        assert again == expected and again.epoch == ssid
+        with pytest.raises(QueryError, match="reads snapshots only"):
+            offline.get(Account, 3, isolation=COMMITTED)
+
+
 def _oracle_balances(epochs: list[EpochRecord]) -> dict[int, dict[int, int]]:
     oracle, balances = SerialOracle(app), {}
     for record in epochs:
@@ -166,6 +178,7 @@ def test_committed_serializable_and_snapshot_reads_across_a_kill_9(
         with pytest.raises(SnapshotNotRetainedError):
             client.get(Account, 3, isolation=SNAPSHOT(manifest.ssid + 10_000))
     cluster.stop()
+    _snapshot_reads_with_the_cluster_stopped(cluster, manifest.ssid, through_client)
 
     # strong mode: recovery reproduced everything COMMITTED showed, before and after the kill
     oracle = _oracle_balances(cluster.epochs())
