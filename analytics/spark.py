@@ -7,10 +7,12 @@ Hadoop, Parquet, ...) are left out, so the session sees one copy of each library
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -18,7 +20,7 @@ from pyspark.sql import SparkSession
 from epochal.config import SparkConfig
 from epochal.jvm import JarSet, jar_paths, require_jars
 
-__all__ = ["spark_jars", "spark_session"]
+__all__ = ["jvm_output_to", "spark_jars", "spark_session"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,29 @@ def spark_jars(jar_dir: Path) -> list[Path]:
     provided = {_artifact(jar) for jar in _pyspark_jars().glob("*.jar")}
     directory = require_jars(jar_dir, JarSet.SPARK)
     return [jar for jar in jar_paths(directory) if _artifact(jar) not in provided]
+
+
+@contextlib.contextmanager
+def jvm_output_to(path: Path) -> Iterator[None]:
+    """Around the start of a session: the JVM it launches writes its start-up lines and log4j's
+    warnings to ``path`` for its whole life, not to this terminal. pyspark gives the JVM this
+    process's stdout and stderr, so they point at ``path`` while it starts (this process's own
+    output goes there too meanwhile: say what is starting before)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
 
 
 def _local_delta_settings(master: str) -> dict[str, str]:

@@ -20,6 +20,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,7 @@ from rich.table import Table
 
 from epochal.actors.api import load_app
 from epochal.analytics.history import query_rows, register_views
-from epochal.analytics.spark import spark_session
+from epochal.analytics.spark import jvm_output_to, spark_session
 from epochal.client import COMMITTED, LIVE, SERIALIZABLE, SNAPSHOT, Client
 from epochal.config import CacheConfig, KafkaConfig, SnapshotConfig, SparkConfig
 from epochal.errors import EpochalError
@@ -94,6 +95,8 @@ class _Demo:
         self.query_port = _free_port_pair()
         self.submitted = ""
         self.checks: dict[str, bool] = {}
+        self.produced_at: dict[tuple[int, int], float] = {}  # input (partition, offset) -> s
+        self.egressed_at: list[tuple[float, EgressRecord]] = []  # (time s, record)
 
     def run(self) -> int:
         egress = [self.app.topics.egress(name) for name in ("receipts", "errors")]
@@ -114,7 +117,8 @@ class _Demo:
                 consumer.close()
             cluster.send_signal(signal.SIGTERM)
             cluster.wait(60)
-        with self.console.status("starting Spark"):
+        self.console.print(f"  starting Spark (its log: {self.spark_log})")
+        with jvm_output_to(self.spark_log):
             jars = self.cache.jar_dir(JarSet.SPARK.value)
             spark = spark_session(SparkConfig(jar_dir=jars, app_name="epochal-demo"))
         return self._report(spark, rounds)
@@ -139,6 +143,10 @@ class _Demo:
     def log_path(self) -> Path:
         return self.run_dir / "cluster.log"
 
+    @property
+    def spark_log(self) -> Path:
+        return self.run_dir / "spark.log"
+
     def _status(self) -> dict[str, Any]:
         path = self.run_dir / self.name / "processes.json"
         return dict(json.loads(path.read_text())) if path.exists() else {}
@@ -153,9 +161,15 @@ class _Demo:
         for _ in range(count):
             source, target = self.rng.sample(self.accounts, 2)
             events.append(Transfer(source, target, self.rng.randrange(1, OPENING // 2)))
+
+        def produced(error: Any, message: Any) -> None:
+            if error is None:
+                at = message.timestamp()[1] / 1000
+                self.produced_at[message.partition(), message.offset()] = at
+
         for i, event in enumerate(events):
             encode = msgspec.json.encode if i % 10 == 0 else msgspec.msgpack.encode
-            producer.produce(topic, encode(event))
+            producer.produce(topic, encode(event), on_delivery=produced)
         producer.flush(30)
         self.produced += len(events)
 
@@ -172,16 +186,20 @@ class _Demo:
                     raise EpochalError("the cluster did not process the transfers in 180 s")
                 for consumer in consumers:
                     for message in consumer.consume(10_000, 0.1):
-                        self.egress.append(msgspec.msgpack.decode(message.value(),
-                                                                  type=EgressRecord))  # fmt: skip
+                        self._egressed(message)
                 progress.update(task, completed=self._transfers_out())
                 if kill_at is not None and self._transfers_out() >= kill_at:
                     self._kill_a_worker()
                     kill_at = None
         for consumer in consumers:  # anything beyond: a duplicate, which the checks catch
-            self.egress += [msgspec.msgpack.decode(m.value(), type=EgressRecord)
-                            for m in consumer.consume(10_000, 1.0)]  # fmt: skip
+            for message in consumer.consume(10_000, 1.0):
+                self._egressed(message)
         return time.monotonic() - started
+
+    def _egressed(self, message: Any) -> None:
+        record = msgspec.msgpack.decode(message.value(), type=EgressRecord)
+        self.egress.append(record)
+        self.egressed_at.append((message.timestamp()[1] / 1000, record))
 
     def _inputs_produced(self) -> int:
         """Transfers produced so far (the deposits of round 1 aside)."""
@@ -295,7 +313,8 @@ class _Demo:
         query = ("SELECT _ssid AS ssid, count(*) AS accounts, sum(balance) AS money "
                  "FROM account_history GROUP BY _ssid ORDER BY _ssid")  # fmt: skip
         _, rows = query_rows(spark, query)
-        table = Table(title=f"spark.sql({query!r})")
+        self.console.print(f"spark.sql({query!r})", highlight=False)
+        table = Table()
         for column in ("ssid", "accounts", "money"):
             table.add_column(column)
         shown = rows if len(rows) <= 6 else [*rows[:3], ["…", "…", "…"], *rows[-3:]]
@@ -368,7 +387,56 @@ class _Demo:
             self.console.print(f"{'[green]✓' if ok else '[red]✗'}[/] {check}")
         ok = all(checks.values())
         self.console.print("[green]✓ demo finished[/]" if ok else "[red]✗ demo found a problem[/]")
+        self.console.print(f"  logs: the cluster's {self.log_path}, Spark's {self.spark_log}")
+        self.console.print(f"  {plot_run(self._timeline(), self.warehouse.parent / 'demo.png')}")
         return 0 if ok else 1
+
+    def _timeline(self) -> list[tuple[float, float]]:
+        """``(seconds since the first input, ms from input to egress)`` of each transfer's
+        egress record, in the order they came out."""
+        topic = self.app.topics.input("transfers")
+        start = min(self.produced_at.values(), default=0.0)
+        points = []
+        for at, record in self.egressed_at:
+            source = record.source
+            if source is None or source.topic != topic:
+                continue
+            produced = self.produced_at.get((source.partition, source.offset))
+            if produced is not None:
+                points.append((at - start, 1000 * (at - produced)))
+        return points
+
+
+def plot_run(points: list[tuple[float, float]], path: Path) -> str:
+    """A PNG of the transfers out per second and their latency from input to egress (median and
+    max per second) over the run; the line that names it (or says why there is none)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: pip install matplotlib for demo.png"
+    if not points:
+        return "no plot: no transfer came out"
+    seconds: dict[int, list[float]] = {}
+    for at, latency in points:
+        seconds.setdefault(int(at), []).append(latency)
+    xs = sorted(seconds)
+    figure, (rate, latency) = plt.subplots(2, 1, sharex=True, figsize=(8, 5))
+    rate.bar(xs, [len(seconds[x]) for x in xs], width=0.9)
+    rate.set_ylabel("transfers out / s")
+    latency.plot(xs, [statistics.median(seconds[x]) for x in xs], label="median")
+    latency.plot(xs, [max(seconds[x]) for x in xs], label="max")
+    latency.set_yscale("log")
+    latency.set_ylabel("input to egress (ms)")
+    latency.set_xlabel("seconds since the first input (a backlog: latency includes its queue)")
+    latency.legend()
+    figure.suptitle("epochal demo: the bank, 2 workers, a kill -9 in round 2")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return f"throughput and latency over the run: {path.resolve()}"
 
 
 def _free_port_pair() -> int:
