@@ -40,7 +40,7 @@ from epochal.jvm import JarSet, fetch_jars
 from epochal.log.local_broker import LocalBroker
 
 if TYPE_CHECKING:
-    from rich.table import Table
+    from rich.console import RenderableType
 
     from epochal.actors.snapshots import Restored
     from epochal.log.amendments import Amendments
@@ -519,7 +519,7 @@ def _status(args: argparse.Namespace) -> int:
     from epochal.log.status import StatusReader
     from epochal.recovery.snapshots import Warehouse
     from epochal.status import AppState, read_report
-    from epochal.status_view import print_status, status_json
+    from epochal.status_view import print_status, processes, status_json
 
     name = args.name or args.app
     if ":" in args.app:
@@ -533,7 +533,8 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(status_json(report) + "\n")
     else:
-        print_status(report, Console())  # the answer: stdout
+        widest = processes(report) if report.state is AppState.RUNNING else None
+        print_status(report, _stdout_for(widest) if widest else Console())  # the answer: stdout
     return 0 if report.state is AppState.RUNNING else 3
 
 
@@ -654,7 +655,7 @@ def _print_rows(
         _stdout_for(table).print(table)
 
 
-def _stdout_for(table: Table) -> Console:
+def _stdout_for(table: RenderableType) -> Console:
     """A terminal's width on a terminal; a pipe or a file gets the whole table, not a table
     squeezed into 80 columns with its values cut short."""
     from rich.measure import Measurement

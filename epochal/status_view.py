@@ -108,7 +108,7 @@ def processes(report: StatusReport) -> Table:
                 "pid": str(w.pid),
                 "host": w.host,
                 "gen": str(w.generation),
-                "partitions: keys (actors)": partitions(w),
+                "partitions: keys": partitions(w),
                 "epoch": _epoch(w.epoch),
                 "epochs/s": f"{w.epochs_per_s:,.1f}",
                 "txns/s": f"{w.transactions_per_s:,.0f}",
@@ -133,7 +133,7 @@ _COLUMNS = (
     "pid",
     "host",
     "gen",
-    "partitions: keys (actors)",
+    "partitions: keys",
     "epoch",
     "epochs/s",
     "txns/s",
@@ -175,10 +175,12 @@ def input_lag(report: StatusReport) -> Table:
 
 
 def partitions(worker: WorkerStatus) -> RenderableType:
-    lines = [
-        f"{p.partition}: " + ", ".join(describe_range(r) for r in p.ranges) + f" ({p.actors:,})"
-        for p in worker.partitions
-    ]
+    """Each partition's actor count, then its key range of each actor type, one to a line (a
+    line of every range made the column too wide for a terminal)."""
+    lines = []
+    for p in worker.partitions:
+        lines.append(f"{p.partition}: {p.actors:,} actor{'s' * (p.actors != 1)}")
+        lines.extend(f"  {describe_range(r)}" for r in p.ranges)
     return Group(*(Text(line) for line in lines))
 
 

@@ -153,3 +153,24 @@ def test_the_table_and_the_json_show_every_process() -> None:
 
 def test_sizes_read_like_people_write_them() -> None:
     assert [size(n) for n in (512, 2048, 5 * 2**20)] == ["512 B", "2.0 KiB", "5.0 MiB"]
+
+
+def test_status_to_a_pipe_is_the_whole_table_with_one_key_range_a_line(capsys) -> None:
+    """A pipe or a file (a tutorial's capture, a script) got the table squeezed into 80
+    columns, every cell wrapped; a worker's partitions listed every key range on one line."""
+    from epochal.cli import _stdout_for
+    from epochal.status_view import processes
+
+    low = (KeyRange("Rider", None, "r-0250"), KeyRange("Station", None, "9"))
+    high = (KeyRange("Rider", "r-0250", None), KeyRange("Station", "9", None))
+    both = (PartitionStatus(0, low, 44), PartitionStatus(1, high, 1))
+    worker = msgspec.structs.replace(_worker(0), partitions=both)
+    latest = _latest(_supervisor(metrics="127.0.0.1:9403"), _sequencer(), worker, _worker(1))
+    report = summarize("bikes", latest, 0, SNAPSHOT, NOW)
+    print_status(report, _stdout_for(processes(report)))
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if "worker 0" in line)
+    assert "0: 44 actors" in row and "127.0.0.1:7700" in row and "s ago" in row, row
+    ranges = [line for line in lines if "Rider" in line or "Station" in line]
+    assert ["Rider […, 'r-0250')" in ranges[0], "Station […, '9')" in ranges[1]] == [True, True]
+    assert "1: 1 actor " in "\n".join(lines)
