@@ -98,7 +98,15 @@ class _Tables:
 
         uri = self.uri("snapshots")
         try:
-            history = DeltaTable.forPath(self.spark, uri, dict(self.options)).history(1)
+            if _jvm(self.spark) is None:  # Spark Connect: DeltaTable needs Delta's server plugin
+                if self.options:
+                    raise QueryError(
+                        "storage options need a session with a JVM: give them to the Spark "
+                        "Connect server as spark.hadoop.* settings", table=uri,
+                    )  # fmt: skip
+                history = self.spark.sql(f"DESCRIBE HISTORY delta.`{uri}` LIMIT 1")
+            else:
+                history = DeltaTable.forPath(self.spark, uri, dict(self.options)).history(1)
             version = int(history.select("version").collect()[0][0])
         except AnalysisException as exc:
             raise QueryError(
@@ -126,7 +134,7 @@ def _snapshots(manifest: DataFrame) -> list[_Snapshot]:
 def _actor_types(tables: _Tables, snapshots: list[_Snapshot]) -> list[str]:
     """The actor types whose tables are under ``state/``, and any the manifest names."""
     names = {name for s in snapshots for name in s.state_versions}
-    jvm: Any = getattr(tables.spark, "_jvm", None)
+    jvm = _jvm(tables.spark)
     if jvm is None:  # a Spark Connect session: no JVM here, the manifest must do
         return sorted(names)
     conf = jvm.org.apache.hadoop.conf.Configuration(
@@ -139,6 +147,11 @@ def _actor_types(tables: _Tables, snapshots: list[_Snapshot]) -> list[str]:
     if filesystem.exists(path):
         names.update(s.getPath().getName() for s in filesystem.listStatus(path) if s.isDirectory())
     return sorted(names)
+
+
+def _jvm(spark: SparkSession) -> Any:
+    """The session's JVM gateway; None for a Spark Connect session, whose JVM is a server's."""
+    return getattr(spark, "_jvm", None)
 
 
 def _tables(
@@ -194,11 +207,24 @@ def register_views(
                     view=view, actor_type=actor_type,
                 )  # fmt: skip
             views[view] = frame
-    for view, frame in views.items():
-        frame.createOrReplaceTempView(view)
+    _create_views(views)
     logger.info("views registered app=%s views=%d latest_ssid=%s", tables.app, len(views),
                 latest.ssid if latest else None)  # fmt: skip
     return sorted(views)
+
+
+def _create_views(views: Mapping[str, DataFrame]) -> None:
+    """Temp views of the frames; on Spark Connect a missing table shows here, not at its read."""
+    from pyspark.errors import PySparkException
+
+    for view, frame in views.items():
+        try:
+            frame.createOrReplaceTempView(view)
+        except PySparkException as exc:
+            raise QueryError(
+                "cannot read a table of the app (wrong warehouse or app name?)",
+                view=view, reason=_reason(exc),
+            ) from exc  # fmt: skip
 
 
 def _history(changes: DataFrame, manifest: DataFrame) -> DataFrame:
@@ -293,12 +319,22 @@ def query_rows(spark: SparkSession, query: str) -> tuple[list[str], list[list[An
     from py4j.protocol import Py4JError
     from pyspark.errors import PySparkException
 
+    _quiet_query_errors()
     try:
         frame = spark.sql(query)
         rows = [[_python(value) for value in row] for row in frame.collect()]
     except (PySparkException, Py4JError) as exc:  # a failed read in the JVM is a Py4J error
         raise QueryError("the query failed", reason=_reason(exc)) from exc
     return frame.columns, rows
+
+
+def _quiet_query_errors() -> None:
+    """PySpark logs every failed query, JVM stack and all, as JSON on stderr before raising it;
+    the error raised says what went wrong in one line."""
+    from pyspark.logger import PySparkLogger
+
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).disabled = True
 
 
 def _python(value: Any) -> Any:
