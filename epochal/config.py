@@ -28,6 +28,7 @@ __all__ = [
     "SequencerConfig",
     "SnapshotConfig",
     "SparkConfig",
+    "SqlServerConfig",
     "WorkerConfig",
     "cache_dir_from_env",
     "resolve_warehouse",
@@ -107,6 +108,7 @@ class Listener(Enum):
     METRICS = ("Prometheus metrics", "--metrics-port")
     FEED = ("the weak-mode epoch feed", "--feed")
     STATUS = ("the status page", "epochal status --serve")
+    SQL = ("Spark SQL over history (a Spark Connect server)", "epochal sql --connect-port")
 
     @property
     def purpose(self) -> str:
@@ -132,6 +134,9 @@ class CacheConfig:
 
     def broker_dir(self, port: int) -> Path:
         return self.root / "brokers" / str(port)
+
+    def sql_server_dir(self) -> Path:
+        return self.root / "sql-server"
 
 
 @dataclass(frozen=True)
@@ -212,6 +217,26 @@ class SparkConfig:
             f"SparkConfig(master={self.master!r}, app_name={self.app_name!r}, "
             f"jar_dir={str(self.jar_dir)!r}, conf={_redacted(self.conf)!r})"
         )
+
+
+@dataclass(frozen=True)
+class SqlServerConfig:
+    """The Spark Connect server ``epochal sql`` starts once and reuses, so that a query does not
+    pay for a JVM and a Spark session each time.
+
+    Its state file, log and Spark work dir live in ``directory``; it listens on 127.0.0.1 at
+    ``port`` (0: a free port) and stops itself after ``idle_timeout_s`` without a query.
+    ``startup_timeout_s`` bounds the wait for it to answer.
+
+    >>> SqlServerConfig(Path("/tmp/c/sql-server"), SparkConfig(Path("/tmp/c/jars/spark"))).port
+    0
+    """
+
+    directory: Path
+    spark: SparkConfig
+    port: int = 0
+    idle_timeout_s: float = 1800.0
+    startup_timeout_s: float = 180.0
 
 
 @dataclass(frozen=True)
