@@ -10,6 +10,7 @@ bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -32,6 +33,7 @@ from epochal.config import (
     SequencerConfig,
     SnapshotConfig,
     SparkConfig,
+    SqlServerConfig,
     WorkerConfig,
     cache_dir_from_env,
 )
@@ -608,22 +610,76 @@ def _manifest_row(m: Manifest, short_digest: bool) -> list[Any]:
 
 
 def _sql(args: argparse.Namespace) -> int:
-    """Register the app's history views on a Spark session and print a query's rows."""
+    """Register the app's history views on a Spark session and print a query's rows: the warm
+    SQL server's (started if none runs), or one in this process with ``--no-server``."""
     from epochal.analytics.history import query_rows, register_views
-    from epochal.analytics.spark import spark_session
     from epochal.jvm import JarSet
 
+    server = _sql_server_config(args, _cache(args).jar_dir(JarSet.SPARK.value))
+    if args.stop_server:
+        return _stop_sql_server(server)
+    if not args.query or not args.app:
+        raise ConfigError('epochal sql needs a query and an app: epochal sql "SELECT ..." APP')
     app: App | str = args.app
     if ":" in args.app:  # module:attribute; a plain name needs no code
         _apps_from_working_directory()
         app = load_app(args.app, args.name)
-    jars = _cache(args).jar_dir(JarSet.SPARK.value)
-    with console.status(f"starting Spark ({args.master})"):
-        spark = spark_session(SparkConfig(jar_dir=jars, master=args.master, app_name="epochal-sql",
-                                          conf=_settings(args.spark_conf)))  # fmt: skip
-    register_views(spark, app, args.warehouse)
-    columns, rows = query_rows(spark, args.query)
+    with _sql_session(args, server) as spark:
+        register_views(spark, app, args.warehouse)
+        columns, rows = query_rows(spark, args.query)
     _print_rows(columns, rows, args.format)
+    return 0
+
+
+def _sql_server_config(args: argparse.Namespace, jars: Path) -> SqlServerConfig:
+    spark = SparkConfig(
+        jar_dir=jars, master=args.master, app_name="epochal-sql", conf=_settings(args.spark_conf)
+    )
+    directory = _cache(args).sql_server_dir()
+    return SqlServerConfig(directory, spark, args.connect_port, args.idle_minutes * 60)
+
+
+@contextlib.contextmanager
+def _sql_session(args: argparse.Namespace, server: SqlServerConfig) -> Iterator[Any]:
+    """The warm server's Spark session (started if none runs, said once), or one in this
+    process (pyspark's types stay in analytics/)."""
+    from epochal.analytics.sql_server_control import find_server, remote_session, start_server
+
+    if args.no_server:
+        from epochal.analytics.spark import spark_session
+
+        with console.status(f"starting Spark ({args.master})"):
+            yield spark_session(server.spark)
+        return
+    running = find_server(server)
+    if running is None:
+        if server.port:
+            from epochal.config import Listener
+            from epochal.preflight import Binding, check_ports
+
+            check_ports([Binding(f"127.0.0.1:{server.port}", Listener.SQL, "the SQL server")])
+        with console.status(f"starting the SQL server (Spark {args.master} over Spark Connect)"):
+            running = start_server(server)
+        console.print(
+            f"started a SQL server (pid {running.pid}, 127.0.0.1:{running.port}) that later "
+            f"`epochal sql` commands reuse; it stops after {args.idle_minutes:g} minutes without "
+            "a query, or with `epochal sql --stop-server`",
+            highlight=False,
+            soft_wrap=True,
+        )
+    with remote_session(running, server) as spark:
+        yield spark
+
+
+def _stop_sql_server(server: SqlServerConfig) -> int:
+    from epochal.analytics.sql_server_control import stop_server
+
+    with console.status("stopping the SQL server"):
+        stopped = stop_server(server)
+    if stopped is None:
+        console.print("no SQL server was running")
+    else:
+        console.print(f"[green]✓[/] SQL server stopped (pid {stopped.pid})")
     return 0
 
 
@@ -683,9 +739,12 @@ def _plain(value: Any) -> Any:
 def _sql_command(commands: Any) -> None:
     """``epochal sql``."""
     sql = commands.add_parser("sql", help="Spark SQL over an app's snapshot history")
-    sql.add_argument("query", help='e.g. "SELECT _ssid, sum(balance) FROM account_history '
-                                   'GROUP BY _ssid"')  # fmt: skip
-    sql.add_argument("app", help="the app's name, or module:attribute of the App")
+    sql.add_argument(
+        "query",
+        nargs="?",
+        help='e.g. "SELECT _ssid, sum(balance) FROM account_history GROUP BY _ssid"',
+    )
+    sql.add_argument("app", nargs="?", help="the app's name, or module:attribute of the App")
     sql.add_argument("--name", help="app name (with module:attribute; default: the App's)")
     sql.add_argument("--warehouse", default="warehouse", help="where the snapshots are")
     sql.add_argument("--format", choices=("table", "json", "csv"), default="table",
@@ -693,6 +752,28 @@ def _sql_command(commands: Any) -> None:
     sql.add_argument("--master", default="local[2]", help="Spark master")
     sql.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                      help="a Spark setting (spark.hadoop.fs.s3a.* for object stores)")  # fmt: skip
+    sql.add_argument(
+        "--no-server",
+        action="store_true",
+        help="run the query on a Spark session in this process, not on the warm SQL server",
+    )
+    sql.add_argument(
+        "--connect-port",
+        type=int,
+        default=0,
+        help="the port on 127.0.0.1 a SQL server started now listens on (0: a free one)",
+    )
+    sql.add_argument(
+        "--idle-minutes",
+        type=float,
+        default=30.0,
+        help="a SQL server started now stops after this long without a query",
+    )
+    sql.add_argument(
+        "--stop-server",
+        action="store_true",
+        help="stop the warm SQL server of this cache, and do nothing else",
+    )
     sql.set_defaults(handler=_sql)
 
 
