@@ -736,9 +736,28 @@ def _plain(value: Any) -> Any:
     return value
 
 
+class _IntermixedParser(argparse.ArgumentParser):
+    """``epochal sql``'s parser: its query and app are optional (``--stop-server`` needs
+    neither), and flags may still come between them, as when they were required."""
+
+    _intermixing = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._intermixing:  # parse_known_intermixed_args calls back here
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def _sql_command(commands: Any) -> None:
     """``epochal sql``."""
     sql = commands.add_parser("sql", help="Spark SQL over an app's snapshot history")
+    sql.__class__ = _IntermixedParser  # add_parser makes every command's parser of one class
     sql.add_argument(
         "query",
         nargs="?",
