@@ -7,8 +7,8 @@ from the jar cache) with Spark's Connect plugin added, which serves it over gRPC
 state file once it listens, and stops (removing the file) on SIGTERM, or once no query came for
 its idle timeout and no job runs.
 
-    $ echo '{}' | python -m epochal.analytics.sql_server --directory ~/.cache/epochal/sql-server \\
-        --jar-dir ~/.cache/epochal/jars/spark --detach
+    $ python -m epochal.analytics.sql_server --directory ~/.cache/epochal/sql-server \\
+        --jar-dir ~/.cache/epochal/jars/spark --detach < launch.json  # {"conf": {}, "token": …}
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +33,15 @@ from epochal.config import SparkConfig, SqlServerConfig
 from epochal.errors import EpochalError
 
 __all__ = [
+    "Launch",
     "command",
-    "conf_input",
     "connect_settings",
     "main",
-    "read_config",
+    "read_launch",
+    "secrets_input",
     "serve",
     "should_stop",
+    "wait_until_idle",
 ]
 
 logger = logging.getLogger(__name__)
@@ -62,9 +64,23 @@ def should_stop(idle_s: float, idle_timeout_s: float, active_jobs: int) -> bool:
     return idle_s >= idle_timeout_s and active_jobs == 0
 
 
-def serve(config: SqlServerConfig) -> None:
-    """Serve until SIGTERM or SIGINT, or until idle (:func:`should_stop`)."""
+def wait_until_idle(
+    files: ServerFiles, idle_timeout_s: float, stop: threading.Event, active_jobs: Callable[[], int]
+) -> None:
+    """Return once ``stop`` is set, or once idle (:func:`should_stop`), checked every tenth of
+    the timeout (at most every 30 s)."""
+    check_s = min(_MAX_CHECK_S, max(0.1, idle_timeout_s / 10))
+    while not stop.wait(check_s):
+        if should_stop(files.idle_s(), idle_timeout_s, active_jobs()):
+            logger.info("idle for %.0f s: stopping", files.idle_s())
+            return
+
+
+def serve(config: SqlServerConfig, token: str) -> None:
+    """Serve until SIGTERM or SIGINT, or until idle (:func:`should_stop`), to clients that bear
+    ``token``: another user of this host could otherwise run SQL as this one."""
     files = ServerFiles(config.directory)
+    os.environ["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = token  # the JVM's: not on its command line
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda _signum, _frame: stop.set())
@@ -82,16 +98,13 @@ def serve(config: SqlServerConfig) -> None:
             started_ms=int(time.time() * 1000),
             idle_timeout_s=config.idle_timeout_s,
             settings=ServerSettings.of(config.spark),
+            token=token,
         )
         files.touch_used()
         files.write(state)
         logger.info("serving port=%d pid=%d", state.port, state.pid)
-        check_s = min(_MAX_CHECK_S, max(0.2, config.idle_timeout_s / 10))
         tracker = spark.sparkContext.statusTracker()
-        while not stop.wait(check_s):
-            if should_stop(files.idle_s(), config.idle_timeout_s, len(tracker.getActiveJobsIds())):
-                logger.info("idle for %.0f s: stopping", files.idle_s())
-                break
+        wait_until_idle(files, config.idle_timeout_s, stop, lambda: len(tracker.getActiveJobsIds()))
     finally:
         files.remove(os.getpid())
         spark.stop()
@@ -105,7 +118,7 @@ def _local_port(spark: Any) -> int:
 
 def command(config: SqlServerConfig) -> list[str]:
     """The command line that serves ``config``, detached (:func:`main` reads it back), its
-    Spark settings on stdin (:func:`conf_input`)."""
+    token and Spark settings on stdin (:func:`secrets_input`)."""
     spark = config.spark
     argv = [sys.executable, "-m", __name__, "--detach", "--directory", str(config.directory)]
     argv += ["--port", str(config.port), "--idle-timeout-s", str(config.idle_timeout_s)]
@@ -114,13 +127,28 @@ def command(config: SqlServerConfig) -> list[str]:
     return argv
 
 
-def conf_input(config: SqlServerConfig) -> bytes:
-    """The Spark settings, for the server's stdin: they may hold secrets that ``ps`` would show."""
-    return msgspec.json.encode(dict(config.spark.conf))
+class _Secrets(msgspec.Struct, frozen=True):
+    conf: dict[str, str]
+    token: str
 
 
-def read_config(argv: Sequence[str] | None, conf: bytes) -> tuple[SqlServerConfig, bool]:
-    """The config :func:`command` and :func:`conf_input` describe, and whether to detach."""
+def secrets_input(config: SqlServerConfig, token: str) -> bytes:
+    """The server's stdin: the token clients must bear and the Spark settings (object-store
+    keys, say), which ``ps`` would show on a command line."""
+    return msgspec.json.encode(_Secrets(dict(config.spark.conf), token))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What :func:`command` and :func:`secrets_input` tell the server."""
+
+    config: SqlServerConfig
+    token: str
+    detach: bool
+
+
+def read_launch(argv: Sequence[str] | None, secrets: bytes) -> Launch:
+    """The launch :func:`command` and :func:`secrets_input` describe."""
     parser = argparse.ArgumentParser(prog=__name__, description=__doc__)
     parser.add_argument("--directory", type=Path, required=True)
     parser.add_argument("--port", type=int, default=0)
@@ -131,12 +159,12 @@ def read_config(argv: Sequence[str] | None, conf: bytes) -> tuple[SqlServerConfi
     parser.add_argument("--driver-memory", default="1g")
     parser.add_argument("--detach", action="store_true", help="fork, print the pid, and leave")
     args = parser.parse_args(argv)
-    settings = msgspec.json.decode(conf or b"{}", type=dict[str, str])
+    given = msgspec.json.decode(secrets, type=_Secrets)
     spark = SparkConfig(
-        args.jar_dir, args.master, args.app_name, driver_memory=args.driver_memory, conf=settings
+        args.jar_dir, args.master, args.app_name, driver_memory=args.driver_memory, conf=given.conf
     )
     config = SqlServerConfig(args.directory, spark, args.port, args.idle_timeout_s)
-    return config, args.detach
+    return Launch(config, given.token, args.detach)
 
 
 def _detach() -> None:
@@ -154,12 +182,16 @@ def _detach() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config, detach = read_config(argv, sys.stdin.buffer.read())
-    if detach:
+    try:
+        launch = read_launch(argv, sys.stdin.buffer.read())
+    except msgspec.DecodeError as exc:
+        print(f"error: stdin is not what `epochal sql` gives a server: {exc}", file=sys.stderr)
+        return 2
+    if launch.detach:
         _detach()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        serve(config)
+        serve(launch.config, launch.token)
     except EpochalError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)  # the log's last line
         return 1

@@ -16,6 +16,8 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
+import secrets
 import signal
 import subprocess
 import time
@@ -23,7 +25,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from epochal.analytics.spark import spark_jars
-from epochal.analytics.sql_server import command, conf_input
+from epochal.analytics.sql_server import command, secrets_input
 from epochal.analytics.sql_server_state import (
     ServerFiles,
     ServerSettings,
@@ -42,6 +44,7 @@ __all__ = ["find_server", "remote_session", "start_server", "stop_server"]
 
 logger = logging.getLogger(__name__)
 
+_JVM_FAILURE = re.compile(r'^Exception in thread "main" (.+)$')
 _POLL_S = 0.2
 _SPAWN_TIMEOUT_S = 30.0  # the detaching parent only forks and prints a pid
 _STOP = "`epochal sql --stop-server` stops it"
@@ -79,7 +82,7 @@ def start_server(config: SqlServerConfig) -> ServerState:
         running = find_server(config)
         if running is not None:
             return running
-        pid = _spawn(config, files)
+        pid = _spawn(config, files, secrets.token_urlsafe(32))
         return _wait_until_serving(pid, config, files)
 
 
@@ -93,12 +96,12 @@ def _start_lock(files: ServerFiles) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _spawn(config: SqlServerConfig, files: ServerFiles) -> int:
+def _spawn(config: SqlServerConfig, files: ServerFiles, token: str) -> int:
     """Run the server detached; its pid (the detaching parent has exited)."""
     with files.log.open("wb") as log:
         done = subprocess.run(
             command(config),
-            input=conf_input(config),
+            input=secrets_input(config, token),
             stdout=subprocess.PIPE,
             stderr=log,
             cwd=files.directory,
@@ -107,7 +110,7 @@ def _spawn(config: SqlServerConfig, files: ServerFiles) -> int:
         )
     if done.returncode != 0 or not done.stdout.strip().isdigit():
         raise ConfigError(
-            f"the SQL server could not be started: {_last_line(files)}; its log is {files.log}; "
+            f"the SQL server could not be started: {_why(files)}; its log is {files.log}; "
             f"{_NO_SERVER}"
         )
     pid = int(done.stdout)
@@ -124,7 +127,7 @@ def _wait_until_serving(pid: int, config: SqlServerConfig, files: ServerFiles) -
             return state
         if not is_server(pid):
             raise ConfigError(
-                f"the SQL server ended while starting: {_last_line(files)}; its log is "
+                f"the SQL server ended while starting: {_why(files)}; its log is "
                 f"{files.log}; {_NO_SERVER}"
             )
         time.sleep(_POLL_S)
@@ -135,9 +138,15 @@ def _wait_until_serving(pid: int, config: SqlServerConfig, files: ServerFiles) -
     )
 
 
-def _last_line(files: ServerFiles) -> str:
+def _why(files: ServerFiles) -> str:
+    """Why the server failed, from its log: the JVM's own failure if it had one (the Python side
+    then only says that the JVM exited), else the server's last line."""
     lines = files.log.read_text(errors="replace").strip().splitlines() if files.log.exists() else []
-    return lines[-1].strip() if lines else "it said nothing"
+    for line in lines:
+        failed = _JVM_FAILURE.match(line)
+        if failed:
+            return failed.group(1)
+    return lines[-1].strip().removeprefix("error: ") if lines else "it said nothing"
 
 
 def stop_server(config: SqlServerConfig, timeout_s: float = 30.0) -> ServerState | None:

@@ -51,17 +51,21 @@ class ServerSettings(msgspec.Struct, frozen=True):
 
 
 class ServerState(msgspec.Struct, frozen=True):
-    """A running server: its process, its port on 127.0.0.1, and when and how it started."""
+    """A running server: its process, its port on 127.0.0.1, when and how it started, and the
+    token its clients bear."""
 
     pid: int
     port: int
     started_ms: int
     idle_timeout_s: float
     settings: ServerSettings
+    token: str
 
     @property
     def url(self) -> str:
-        return f"sc://127.0.0.1:{self.port}"
+        """The Spark Connect address; ``localhost`` is what makes pyspark send the token over a
+        plain (loopback) connection rather than ask for TLS."""
+        return f"sc://localhost:{self.port}/;token={self.token}"
 
 
 @dataclass(frozen=True)
@@ -98,9 +102,11 @@ class ServerFiles:
             return None
 
     def write(self, state: ServerState) -> None:
-        """Atomically: a reader sees the whole record or none."""
+        """Atomically (a reader sees the whole record or none), readable by this user only."""
         partial = self.state.with_suffix(".partial")
-        partial.write_bytes(msgspec.json.encode(state))
+        partial.unlink(missing_ok=True)
+        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+            f.write(msgspec.json.encode(state))
         partial.replace(self.state)
 
     def remove(self, pid: int) -> None:

@@ -5,15 +5,24 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from epochal.analytics.sql_server import command, conf_input, read_config, should_stop
+from epochal.analytics.sql_server import (
+    Launch,
+    command,
+    read_launch,
+    secrets_input,
+    should_stop,
+    wait_until_idle,
+)
 from epochal.analytics.sql_server_control import find_server, stop_server
 from epochal.analytics.sql_server_state import (
     SERVER_MODULE,
@@ -31,9 +40,8 @@ def _config(tmp_path: Path, **spark: object) -> SqlServerConfig:
 
 
 def _state(pid: int, port: int, spark: SparkConfig) -> ServerState:
-    return ServerState(
-        pid, port, started_ms=0, idle_timeout_s=60, settings=ServerSettings.of(spark)
-    )
+    settings = ServerSettings.of(spark)
+    return ServerState(pid, port, started_ms=0, idle_timeout_s=60, settings=settings, token="t")
 
 
 @pytest.fixture
@@ -51,7 +59,7 @@ def listener() -> Iterator[int]:
         yield server.getsockname()[1]
 
 
-def test_the_command_line_and_stdin_give_back_the_config(tmp_path: Path) -> None:
+def test_the_command_line_and_stdin_give_back_the_launch(tmp_path: Path) -> None:
     config = SqlServerConfig(
         tmp_path,
         SparkConfig(tmp_path / "jars", "local[1]", "epochal-sql", conf={"spark.x.secret": "s3"}),
@@ -61,7 +69,7 @@ def test_the_command_line_and_stdin_give_back_the_config(tmp_path: Path) -> None
     argv = command(config)
     assert argv[:4] == [sys.executable, "-m", SERVER_MODULE, "--detach"]
     assert "s3" not in " ".join(argv)  # settings go on stdin: `ps` shows the command line
-    assert read_config(argv[3:], conf_input(config)) == (config, True)
+    assert read_launch(argv[3:], secrets_input(config, "tok")) == Launch(config, "tok", True)
 
 
 @pytest.mark.parametrize(
@@ -72,6 +80,21 @@ def test_the_server_stops_once_idle_and_no_job_runs(
     idle_s: float, active_jobs: int, stops: bool
 ) -> None:
     assert should_stop(idle_s, 60.0, active_jobs) is stops
+
+
+def test_the_server_waits_while_used_or_busy_and_returns_once_idle(tmp_path: Path) -> None:
+    files = ServerFiles(tmp_path)
+    files.touch_used()
+    jobs = iter([1] * 6)  # checked every 0.1 s: a query runs past the timeout, then none does
+    started = time.monotonic()
+    wait_until_idle(files, 0.3, threading.Event(), lambda: next(jobs, 0))
+    assert 0.6 <= time.monotonic() - started < 3
+    stop = threading.Event()
+    stop.set()
+    files.touch_used()
+    started = time.monotonic()
+    wait_until_idle(files, 60, stop, lambda: 0)  # SIGTERM: at once, idle or not
+    assert time.monotonic() - started < 1
 
 
 def test_idle_time_counts_from_the_last_use(tmp_path: Path) -> None:
@@ -87,6 +110,7 @@ def test_a_state_file_of_a_gone_or_other_process_is_stale(tmp_path: Path) -> Non
     said = [sys.executable, "-c", "import os; print(os.getpid())"]
     ended = subprocess.run(said, capture_output=True, text=True, check=True)
     files.write(_state(int(ended.stdout), 1, SparkConfig(tmp_path)))
+    assert stat.S_IMODE(files.state.stat().st_mode) == 0o600  # it holds the clients' token
     assert running_server(files) is None
     assert not files.state.exists()
     files.write(_state(os.getpid(), 1, SparkConfig(tmp_path)))  # a pid now some other program's
