@@ -54,6 +54,7 @@ RUN = {
     'epochal sql "SELECT _ssid, count(*), sum(balance) FROM account_history GROUP BY _ssid" bank',
     'epochal sql "SELECT * FROM commands WHERE NOT committed" bank --format json',
     'epochal sql "SELECT _key, balance FROM account" examples.bank.app:app --format csv',
+    "epochal sql --stop-server",
 }
 # Synopses (placeholders) run with the example app put in; the others are --help checked only.
 RUN_AS = {
@@ -114,13 +115,17 @@ def test_the_top_level_help_names_every_command() -> None:
 
 
 class User:
-    """A user's shell: a fresh working directory, the checkout's examples importable, the
-    test's jar cache, and the session's broker put in where the docs name the default one."""
+    """A user's shell: a fresh working directory, the checkout's examples importable, a cache of
+    its own with the test's jars (its SQL server is no other test's), and the session's broker put
+    in where the docs name the default one."""
 
     def __init__(self, cwd: Path, bootstrap: str, cache: CacheConfig) -> None:
         self.cwd = cwd
         self.bootstrap = bootstrap
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "EPOCHAL_CACHE": str(cache.root)}
+        own = cwd.parent / "cache"
+        own.mkdir()
+        (own / "jars").symlink_to(cache.root / "jars")
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "EPOCHAL_CACHE": str(own)}
         self.background: list[subprocess.Popen[str]] = []
         self.logs: list[IO[str]] = []
 
@@ -177,6 +182,8 @@ def user(tmp_path: Path, kafka_config: KafkaConfig, cache: CacheConfig) -> Itera
     shell = User(tmp_path / "fresh", kafka_config.bootstrap_servers, cache)
     shell.cwd.mkdir()
     yield shell
+    stop = [EPOCHAL, "sql", "--stop-server"]  # the SQL server, if a failed test left it running
+    subprocess.run(stop, env=shell.env, capture_output=True, timeout=60, check=False)
     for process in shell.background:
         if process.poll() is None:
             process.kill()
@@ -202,6 +209,34 @@ def _outcomes(kafka: KafkaClients) -> list[EgressRecord]:
 
 def _json_lines(output: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+def _query_history(user: User, kafka: KafkaClients, total: int) -> None:
+    """``epochal sql`` as docs/queries.md shows it: the first call starts the SQL server, the
+    others reuse it, ``--stop-server`` ends it."""
+    table = user.run(
+        'epochal sql "SELECT _ssid, count(*), sum(balance) FROM account_history GROUP BY _ssid" '
+        "bank"
+    )
+    assert "started a SQL server" in table, table  # docs/queries.md: the next ones reuse it
+    cells = [line.strip("│┃ ").split("│") for line in table.splitlines() if "│" in line]
+    snapshots = [[int(c) for c in row] for row in cells if row[0].strip().isdigit()]
+    assert f"{len(snapshots)} rows" in table and len(snapshots) >= 2, table
+    # money is conserved in every snapshot taken once each account had its opening deposit
+    assert snapshots[-1][1] == ACCOUNTS, table
+    assert all(row[2] == total for row in snapshots if row[1] == ACCOUNTS), table
+    aborted = _json_lines(
+        user.run('epochal sql "SELECT * FROM commands WHERE NOT committed" bank --format json')
+    )
+    assert aborted and all(row["committed"] is False and row["reason"] for row in aborted)
+    assert len(aborted) == len(_egress(kafka, "errors"))
+    rows = user.run(
+        'epochal sql "SELECT _key, balance FROM account" examples.bank.app:app --format csv'
+    ).splitlines()
+    balances = [line.split(",") for line in rows if line.startswith("acct-")]
+    assert len(balances) == ACCOUNTS and sum(int(b) for _, b in balances) == total
+    assert not any("started a SQL server" in line for line in rows)
+    assert "SQL server stopped" in user.run("epochal sql --stop-server")
 
 
 def test_the_readme_runs_as_written(user: User, kafka: KafkaClients) -> None:
@@ -242,26 +277,7 @@ def test_the_readme_runs_as_written(user: User, kafka: KafkaClients) -> None:
     assert f"digest {incident.digest}" in saved, saved
     assert sum(a.balance for a in incident.state(Account).values()) == total
 
-    table = user.run(
-        'epochal sql "SELECT _ssid, count(*), sum(balance) FROM account_history GROUP BY _ssid" '
-        "bank"
-    )
-    cells = [line.strip("│┃ ").split("│") for line in table.splitlines() if "│" in line]
-    snapshots = [[int(c) for c in row] for row in cells if row[0].strip().isdigit()]
-    assert f"{len(snapshots)} rows" in table and len(snapshots) >= 2, table
-    # money is conserved in every snapshot taken once each account had its opening deposit
-    assert snapshots[-1][1] == ACCOUNTS, table
-    assert all(row[2] == total for row in snapshots if row[1] == ACCOUNTS), table
-    aborted = _json_lines(
-        user.run('epochal sql "SELECT * FROM commands WHERE NOT committed" bank --format json')
-    )
-    assert aborted and all(row["committed"] is False and row["reason"] for row in aborted)
-    assert len(aborted) == len(_egress(kafka, "errors"))
-    rows = user.run(
-        'epochal sql "SELECT _key, balance FROM account" examples.bank.app:app --format csv'
-    ).splitlines()
-    balances = [line.split(",") for line in rows if line.startswith("acct-")]
-    assert len(balances) == ACCOUNTS and sum(int(b) for _, b in balances) == total
+    _query_history(user, kafka, total)  # docs/queries.md
 
     listed = user.run(RUN_AS["epochal snapshots APP [--format table|json|csv]"])
     assert "snapshots of bank in" in listed and "no complete snapshot yet" not in listed
