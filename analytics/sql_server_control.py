@@ -45,6 +45,7 @@ __all__ = ["find_server", "remote_session", "start_server", "stop_server"]
 logger = logging.getLogger(__name__)
 
 _JVM_FAILURE = re.compile(r'^Exception in thread "main" (.+)$')
+_GRPC_DETAILS = re.compile(r'details = "([^"]*)"')
 _POLL_S = 0.2
 _SPAWN_TIMEOUT_S = 30.0  # the detaching parent only forks and prints a pid
 _STOP = "`epochal sql --stop-server` stops it"
@@ -180,10 +181,19 @@ def _kill(pid: int) -> None:
     _gone_within(pid, 10.0)
 
 
+def _grpc_reason(exc: Exception) -> str:
+    """What gRPC said (its ``details``), not the repr of the call it wraps."""
+    text = str(exc)
+    details = _GRPC_DETAILS.search(text)
+    return details.group(1) if details else (text.strip().splitlines() or [repr(exc)])[0]
+
+
 @contextlib.contextmanager
 def remote_session(state: ServerState, config: SqlServerConfig) -> Iterator[SparkSession]:
     """A Spark Connect session on the server, released at the end; the server counts its idle
-    time from the start and the end of each such session."""
+    time from the start and the end of each such session. A failure of the server itself (not
+    of a query, which the history views translate) is one ConfigError naming its log."""
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
     from pyspark.sql import SparkSession
 
     files = ServerFiles(config.directory)
@@ -191,6 +201,11 @@ def remote_session(state: ServerState, config: SqlServerConfig) -> Iterator[Spar
     spark = SparkSession.builder.remote(state.url).getOrCreate()
     try:
         yield spark
+    except SparkConnectGrpcException as exc:
+        raise ConfigError(
+            f"the SQL server (pid {state.pid}) failed: {_grpc_reason(exc)}; its log is "
+            f"{files.log}; {_STOP}"
+        ) from exc
     finally:
         spark.stop()
         files.touch_used()

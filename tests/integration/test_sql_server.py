@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from epochal.analytics.sql_server_state import ServerFiles, is_server
@@ -115,6 +116,14 @@ def test_the_second_query_reuses_the_server_and_a_bad_one_is_one_line(
         assert len(said.splitlines()) == 1, said
         assert "at org.apache" not in said and "Traceback" not in said
     assert shell.files.read() == server
+
+    shell.files.write(msgspec.structs.replace(server, token="stolen"))  # not the server's
+    refused = shell.run("sql", "SELECT 1", "testbank", "--warehouse", history.warehouse)
+    assert refused.returncode == 1 and refused.stderr.strip() == (
+        f"error: the SQL server (pid {server.pid}) failed: Invalid authentication token; its log "
+        f"is {shell.files.log}; `epochal sql --stop-server` stops it"
+    )
+    shell.files.write(server)
 
     stopped = shell.run("sql", "--stop-server")
     assert stopped.returncode == 0 and f"SQL server stopped (pid {server.pid})" in stopped.stderr
