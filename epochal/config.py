@@ -108,7 +108,7 @@ class Listener(Enum):
     METRICS = ("Prometheus metrics", "--metrics-port")
     FEED = ("the weak-mode epoch feed", "--feed")
     STATUS = ("the status page", "epochal status --serve")
-    SQL = ("Spark SQL over history (a Spark Connect server)", "epochal sql --connect-port")
+    SQL = ("Spark Connect queries", "epochal sql --connect-port")
 
     @property
     def purpose(self) -> str:

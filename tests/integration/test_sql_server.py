@@ -160,7 +160,6 @@ def test_a_taken_port_is_named_before_anything_starts(shell: Shell, history: His
         )
     assert failed.returncode == 1
     assert failed.stderr.strip() == (
-        f"error: port {port} on 127.0.0.1 (Spark SQL over history (a Spark Connect server) of "
-        "the SQL server) is taken by another process: stop it, or choose another port with "
-        "epochal sql --connect-port"
+        f"error: port {port} on 127.0.0.1 (Spark Connect queries of the SQL server) is taken by "
+        "another process: stop it, or choose another port with epochal sql --connect-port"
     )
