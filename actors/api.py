@@ -24,6 +24,7 @@ logs them and the engine routes by them; touching another key aborts the transac
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 import traceback
@@ -43,7 +44,7 @@ from epochal.schemas.canonical import Codec, codec_for
 from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import ActorKey, KeyRef
 
-__all__ = ["ActorType", "App", "Handler", "KeysFn", "load_app"]
+__all__ = ["ActorType", "App", "Handler", "KeysFn", "load_app", "named"]
 
 S = TypeVar("S", bound=msgspec.Struct)
 E = TypeVar("E")
@@ -479,6 +480,10 @@ def load_app(spec: str, name: str | None = None) -> App:
         ) from exc
     if not isinstance(app, App):
         raise ConfigError("not an epochal App", app=spec)
-    if name:
-        app.name = name
-    return app
+    return named(app, name) if name else app
+
+
+def named(app: App, name: str) -> App:
+    """``app`` under another name (its topics and tables), leaving the module's object alone:
+    its users (a test, a second load in the same process) keep the name it was given."""
+    return app if app.name == name else dataclasses.replace(app, name=name)

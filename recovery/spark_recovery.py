@@ -64,7 +64,7 @@ from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
-from epochal.actors.api import App, load_app
+from epochal.actors.api import App, load_app, named
 from epochal.actors.digest import DigestSum
 from epochal.actors.outcome import Emitted
 from epochal.actors.plan import ensure_same_code
@@ -88,7 +88,6 @@ from epochal.recovery.spark_tasks import (
     TaskSetup,
     assemble,
     copy_state,
-    named,
     replay_task,
     route_log,
     route_state,

@@ -25,7 +25,7 @@ import msgspec
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from epochal.actors.api import App, load_app
+from epochal.actors.api import App, load_app, named
 from epochal.actors.engine import Engine
 from epochal.actors.outcome import Emitted
 from epochal.actors.store import Change
@@ -49,7 +49,6 @@ __all__ = [
     "TaskSetup",
     "assemble",
     "copy_state",
-    "named",
     "replay_task",
     "route_log",
     "route_state",
@@ -123,11 +122,6 @@ class EpochInfo(msgspec.Struct, frozen=True, array_like=True):
         """The epoch without its transactions."""
         return EpochRecord(self.epoch, self.now_ms, self.seed, self.code_hash, (),
                            self.next_offsets)  # fmt: skip
-
-
-def named(app: App, name: str) -> App:
-    """``app`` under another name, leaving the module's object (shared with its users) alone."""
-    return app if app.name == name else dataclasses.replace(app, name=name)
 
 
 @dataclass(frozen=True)

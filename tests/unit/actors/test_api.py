@@ -264,3 +264,16 @@ def test_actor_fields_that_would_clash_with_snapshot_columns_are_refused() -> No
 
     with pytest.raises(ConfigError, match=r"\['_key'\] would clash"):
         App("clash").actor(key=str)(Clashing)
+
+
+def test_loading_an_app_under_another_name_leaves_the_modules_app_alone() -> None:
+    """``epochal replay APP --name N`` run in a process that also uses the app (a test, a
+    service) renamed the module's object: every later use got N's topics."""
+    from epochal.actors.api import load_app
+    from tests.unit.actors.workload import app
+
+    renamed = load_app("tests.unit.actors.workload:app", "other")
+    assert (renamed.name, app.name) == ("other", "testbank")
+    assert renamed.topics.command_log == "other.cmd" and app.topics.command_log == "testbank.cmd"
+    assert renamed.handlers is app.handlers  # the same transactions, under another name
+    assert load_app("tests.unit.actors.workload:app") is app
