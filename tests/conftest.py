@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import random
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -117,6 +119,20 @@ def cache() -> CacheConfig:
     for jar_set in JarSet:
         fetch_jars(config, jar_set)
     return config
+
+
+@pytest.fixture
+def own_cache(tmp_path: Path, cache: CacheConfig) -> Iterator[CacheConfig]:
+    """A cache of this test's own with the session's jars linked in: a SQL server that
+    ``epochal sql`` starts in it is no other test's, and it is stopped at the end."""
+    own = CacheConfig(tmp_path / "own-cache")
+    own.root.mkdir()
+    (own.root / "jars").symlink_to(cache.root / "jars")
+    yield own
+    epochal = str(Path(sys.executable).parent / "epochal")
+    environment = {**os.environ, "EPOCHAL_CACHE": str(own.root)}
+    stop = [epochal, "sql", "--stop-server"]
+    subprocess.run(stop, env=environment, capture_output=True, timeout=60, check=False)
 
 
 @pytest.fixture(scope="session")

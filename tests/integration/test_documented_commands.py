@@ -119,13 +119,10 @@ class User:
     its own with the test's jars (its SQL server is no other test's), and the session's broker put
     in where the docs name the default one."""
 
-    def __init__(self, cwd: Path, bootstrap: str, cache: CacheConfig) -> None:
+    def __init__(self, cwd: Path, bootstrap: str, own_cache: CacheConfig) -> None:
         self.cwd = cwd
         self.bootstrap = bootstrap
-        own = cwd.parent / "cache"
-        own.mkdir()
-        (own / "jars").symlink_to(cache.root / "jars")
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "EPOCHAL_CACHE": str(own)}
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "EPOCHAL_CACHE": str(own_cache.root)}
         self.background: list[subprocess.Popen[str]] = []
         self.logs: list[IO[str]] = []
 
@@ -178,12 +175,10 @@ class User:
 
 
 @pytest.fixture
-def user(tmp_path: Path, kafka_config: KafkaConfig, cache: CacheConfig) -> Iterator[User]:
-    shell = User(tmp_path / "fresh", kafka_config.bootstrap_servers, cache)
+def user(tmp_path: Path, kafka_config: KafkaConfig, own_cache: CacheConfig) -> Iterator[User]:
+    shell = User(tmp_path / "fresh", kafka_config.bootstrap_servers, own_cache)
     shell.cwd.mkdir()
     yield shell
-    stop = [EPOCHAL, "sql", "--stop-server"]  # the SQL server, if a failed test left it running
-    subprocess.run(stop, env=shell.env, capture_output=True, timeout=60, check=False)
     for process in shell.background:
         if process.poll() is None:
             process.kill()

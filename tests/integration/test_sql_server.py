@@ -2,12 +2,14 @@
 it: the first call starts the server and says so once, the next reuses it, a bad query is one
 line, ``--stop-server`` ends it; a server that cannot start says why once.
 
-Each test has a cache of its own (the shared jars linked in), so its server is no other run's.
+Each test has a cache of its own (``own_cache``: the shared jars linked in), so its server is no
+other run's.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from tests.integration.snapshot_history import History, build_history
 pytestmark = pytest.mark.integration
 
 EPOCHAL = str(Path(sys.executable).parent / "epochal")
+ROOT = Path(__file__).resolve().parents[2]
 BY_SNAPSHOT = (
     "SELECT _ssid, count(*) AS accounts, sum(balance) AS total FROM account_history "
     "GROUP BY _ssid ORDER BY _ssid"
@@ -32,15 +35,17 @@ BY_SNAPSHOT = (
 
 @dataclass(frozen=True)
 class Shell:
-    """``epochal`` with a cache of its own, in a directory of its own."""
+    """``epochal`` with a cache of its own, in a directory of its own, the checkout's test apps
+    importable (as a user's own are)."""
 
     cwd: Path
     cache: Path
 
     def run(self, *words: str) -> subprocess.CompletedProcess[str]:
         argv = [EPOCHAL, "--cache", str(self.cache), *words]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
         return subprocess.run(
-            argv, cwd=self.cwd, capture_output=True, text=True, timeout=300, check=False
+            argv, cwd=self.cwd, env=env, capture_output=True, text=True, timeout=300, check=False
         )
 
     @property
@@ -54,11 +59,8 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> History:
 
 
 @pytest.fixture
-def shell(tmp_path: Path, cache: CacheConfig) -> Iterator[Shell]:
-    own = CacheConfig(tmp_path / "cache")
-    own.root.mkdir()
-    (own.root / "jars").symlink_to(cache.root / "jars")
-    user = Shell(tmp_path, own.root)
+def shell(tmp_path: Path, own_cache: CacheConfig) -> Iterator[Shell]:
+    user = Shell(tmp_path, own_cache.root)
     yield user
     stopped = user.run("sql", "--stop-server")  # whatever the test did
     assert stopped.returncode == 0, stopped.stderr

@@ -170,8 +170,8 @@ class Shell:
 
 
 @pytest.fixture
-def shell(tmp_path: Path, kafka_config: KafkaConfig, cache: CacheConfig) -> Iterator[Shell]:
-    user = Shell(tmp_path / "bikes", kafka_config.bootstrap_servers, cache)
+def shell(tmp_path: Path, kafka_config: KafkaConfig, own_cache: CacheConfig) -> Iterator[Shell]:
+    user = Shell(tmp_path / "bikes", kafka_config.bootstrap_servers, own_cache)
     user.cwd.mkdir()
     yield user
     for process in user.background:
