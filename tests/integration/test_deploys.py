@@ -188,6 +188,9 @@ def test_new_code_never_silently_reruns_released_epochs_or_a_removed_handler_and
     cluster.start(workers=1, partitions=2, snapshot_ms=60_000)  # the epochs stay after it
     ups = _top_ups(cluster, list(range(1, 7)))
     wait_until(lambda: len(_receipts(cluster)) == len(ups), 60, "no receipts", log=cluster.log)
+    topups = f"{cluster.name}.in.topups:0"  # the one partition epochal made it with
+    wait_until(lambda: _covered(cluster, topups) == len(ups), 60, "no snapshot of the first 6",
+               log=cluster.log)  # fmt: skip
     ups += _top_ups(cluster, list(range(7, 13)))  # in epochs after the first snapshot
     wait_until(lambda: len(_receipts(cluster)) == len(ups), 60, "no receipts", log=cluster.log)
     supervisor = cluster.processes[-1]
