@@ -1,10 +1,10 @@
 """``SERIALIZABLE`` reads: a read-only client transaction every app has, ``epochal.read``.
 
-A serializable read is sequenced through the command log like any client transaction (DESIGN
-§2.7): it declares the keys it reads, runs at its timestamp on the workers that own them (which
-exchange the values Calvin-style), and its reply on ``<app>.replies`` carries the values. So it
-sees every transaction sequenced before it — a client's own committed ``submit`` included — and
-pays an epoch's latency.
+A serializable read is sequenced through the command log like any client transaction
+(docs/queries.md, isolation levels): it declares the keys it reads, runs at its timestamp on the
+workers that own them (which exchange the values Calvin-style), and its reply on
+``<app>.replies`` carries the values. So it sees every transaction sequenced before it — a
+client's own committed ``submit`` included — and pays an epoch's latency.
 """
 
 from __future__ import annotations
