@@ -235,16 +235,23 @@ class _EventJson:
 
     def many(self, events: Sequence[tuple[str, bytes]]) -> list[bytes | None]:
         """:meth:`__call__` of each ``(handler, event)``, as UTF-8 bytes: every event decoded
-        in one call and encoded as JSON lines in one more (a batch with an event that does not
-        decode is done one by one)."""
+        in one call and encoded as JSON lines in one more. The events are one msgpack array,
+        each followed by a boundary mark: an event that is not exactly one msgpack value (no
+        value, or several) moves a mark out of its place, and the batch is done one by one,
+        as is one that does not decode or encode."""
         out: list[bytes | None] = [None] * len(events)
         handlers = self.app.handlers
         rows = [i for i, (handler, _) in enumerate(events) if handler in handlers]
-        array = b"\xdd" + len(rows).to_bytes(4, "big") + b"".join(events[i][1] for i in rows)
-        lines: list[bytes | None]
+        joined = _BOUNDARY.join([events[i][1] for i in rows])
+        array = b"\xdd" + (2 * len(rows)).to_bytes(4, "big") + joined + _BOUNDARY
+        lines: list[bytes | None] = []
         try:
-            lines = list(_json_lines(_plain(array)).split(b"\n")[:-1])
+            values = _plain(array)
+            if values[1::2].count(_BOUNDARY_MARK) == len(rows):
+                lines = list(_json_lines(values[0::2]).split(b"\n")[:-1])
         except (msgspec.DecodeError, TypeError, ValueError):
+            pass
+        if len(lines) != len(rows):
             lines = [_utf8(self(*events[i])) for i in rows]
         for i, line in zip(rows, lines, strict=True):
             out[i] = line
@@ -258,6 +265,8 @@ def _utf8(text: str | None) -> bytes | None:
 _json_encode = msgspec.json.Encoder().encode
 _json_lines = msgspec.json.Encoder().encode_lines
 _plain = msgspec.msgpack.Decoder().decode
+_BOUNDARY_MARK = 2**64 - 59  # a uint64 no event is at its top level: cheap to decode, compare
+_BOUNDARY = msgspec.msgpack.encode(_BOUNDARY_MARK)
 
 
 def interior_table(app: App, ssid: int, reported: Sequence[Reported]) -> pa.Table:

@@ -9,7 +9,7 @@ import json
 
 import msgspec
 import pyarrow as pa
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from epochal.actors.api import App
@@ -31,6 +31,8 @@ _EVENTS = st.one_of(
 
 
 @given(st.lists(_EVENTS, max_size=30))
+@example([("transfer", b""), ("transfer", b"\x00\x00")])  # no value, then two: aligned again
+@example([("transfer", b"\x05\xc0"), ("transfer", b"")])  # two values, the second nil
 def test_event_json_in_batches_is_the_event_json_of_each(events: list[tuple[str, bytes]]) -> None:
     as_json = _EventJson(app)
     one_by_one = [as_json(handler, event) for handler, event in events]
