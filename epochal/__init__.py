@@ -24,14 +24,13 @@ from epochal.client import (
 )
 from epochal.config import (
     CacheConfig,
+    ClusterConfig,
     FailureConfig,
     KafkaConfig,
     LocalBrokerConfig,
     RebalanceConfig,
-    SequencerConfig,
     SnapshotConfig,
     SparkConfig,
-    WorkerConfig,
 )
 from epochal.errors import (
     BrokerUnavailableError,
@@ -49,6 +48,7 @@ from epochal.errors import (
     SnapshotNotRetainedError,
     TransactionAborted,
 )
+from epochal.launch import run
 from epochal.schemas.commands import DeadLetter
 from epochal.schemas.egress import EgressRecord
 
@@ -67,6 +67,7 @@ __all__ = [
     "BrokerUnavailableError",
     "CacheConfig",
     "Client",
+    "ClusterConfig",
     "ConfigError",
     "Context",
     "CountWindow",
@@ -90,7 +91,6 @@ __all__ = [
     "RebalanceConfig",
     "RecoveryError",
     "SchemaError",
-    "SequencerConfig",
     "SnapshotConfig",
     "SnapshotMissingError",
     "SnapshotNotRetainedError",
@@ -98,9 +98,9 @@ __all__ = [
     "SparkConfig",
     "TimeWindow",
     "TransactionAborted",
-    "WorkerConfig",
     "__version__",
     "register_views",
+    "run",
     "state_at",
 ]
 

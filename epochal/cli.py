@@ -25,16 +25,15 @@ from epochal.actors.api import App, load_app
 from epochal.actors.lifecycle import LOG_FORMAT_ENV, child_logging
 from epochal.config import (
     CacheConfig,
+    ClusterConfig,
     FailureConfig,
     KafkaConfig,
     LocalBrokerConfig,
     LogFormat,
     RebalanceConfig,
-    SequencerConfig,
     SnapshotConfig,
     SparkConfig,
     SqlServerConfig,
-    WorkerConfig,
     cache_dir_from_env,
 )
 from epochal.errors import ConfigError, EpochalError, LogTruncatedError
@@ -52,14 +51,12 @@ if TYPE_CHECKING:
     from epochal.recovery.snapshots import Warehouse
     from epochal.recovery.spark_recovery import RecoveryReport
     from epochal.schemas.snapshots import Manifest
-    from epochal.supervisor import ClusterConfig
 
 __all__ = ["entry", "main"]
 
 logger = logging.getLogger(__name__)
 
 console = Console(stderr=True)
-_BROKER_CHECK_S = 10.0  # how long `epochal run` waits for a first answer from the broker
 
 
 class _UsageError(ConfigError):
@@ -161,119 +158,49 @@ def _settings(pairs: list[str]) -> dict[str, str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from epochal.actors.layout import default_workers
-    from epochal.supervisor import ClusterConfig, Supervisor
+    from epochal.cluster_plan import check_before_start, plan_cluster
+    from epochal.supervisor import Supervisor
 
     _apps_from_working_directory()
-    workers = default_workers() if args.workers is None else args.workers
-    partitions = 2 * workers if args.partitions is None else args.partitions
-    if partitions < workers:
-        given = "" if args.workers is not None else " (the default: usable cores - 1)"
-        raise _UsageError(
-            f"--partitions {partitions} is fewer than the {workers} workers{given}: a worker "
-            f"would own no partition and sit idle; give --partitions {workers} or more, or fewer "
-            "--workers"
-        )
-    peers = (
-        tuple(args.peers.split(","))
-        if args.peers
-        else tuple(f"127.0.0.1:{args.port_base + w}" for w in range(workers))
-    )
-    if len(peers) != workers:
-        raise ConfigError(f"--peers names {len(peers)} workers, --workers says {workers}")
-    weak = args.recovery == "weak"
-    if weak and args.no_snapshots:
+    plan = plan_cluster(args.app, _cluster_config(args))
+    with console.status(f"checking Kafka at {plan.kafka.bootstrap_servers}"):
+        check_before_start(plan)
+    return Supervisor(plan).run()
+
+
+def _cluster_config(args: argparse.Namespace) -> ClusterConfig:
+    """The ClusterConfig ``epochal run``'s flags say."""
+    if bool(args.query_tls_cert) != bool(args.query_tls_key):
+        raise ConfigError("TLS for queries needs both --query-tls-cert and --query-tls-key")
+    if args.recovery == "weak" and args.no_snapshots:
         raise ConfigError("--recovery weak needs snapshots: they release its egress")
-    feed = (args.feed or f"127.0.0.1:{args.port_base + workers}") if weak else ""
-    query = _query_endpoints(args, workers)
-    app_name = args.name or load_app(args.app).name
-    config = ClusterConfig(
-        app_spec=args.app,
-        app_name=args.name,
+    return ClusterConfig(
         kafka=KafkaConfig(args.bootstrap, _settings(args.kafka_setting)),
-        sequencer=SequencerConfig(
-            app_name, epoch_ms=args.epoch_ms, max_records=args.epoch_records,
-            metrics_port=args.metrics_port + workers if args.metrics_port else 0,
-            input_retention_ms=args.input_retention_ms,
-            snapshot_interval_ms=0 if args.no_snapshots else args.snapshot_interval_ms,
-            snapshot_every_epochs=0 if args.no_snapshots else args.snapshot_every_epochs,
-            recovery=args.recovery, feed=feed, workers=workers,
-            feed_timeout_ms=args.startup_timeout_ms,
+        name=args.name, workers=args.workers, partitions=args.partitions,
+        input_partitions=args.input_partitions, input_retention_ms=args.input_retention_ms,
+        epoch_ms=args.epoch_ms, epoch_records=args.epoch_records,
+        snapshots=None if args.no_snapshots else SnapshotConfig(
+            args.warehouse, _settings(args.storage_option), keep=args.keep_snapshots,
+            keep_inputs=args.keep_inputs,
         ),
-        worker=WorkerConfig(
-            app_name, workers=workers, partitions=partitions, peers=peers,
-            metrics_port=args.metrics_port, allow_code_change=args.allow_code_change, feed=feed,
-            query=query, query_token=args.query_token,
-            query_tls=(args.query_tls_cert, args.query_tls_key) if args.query_tls_cert else (),
-        ),
-        input_partitions=args.input_partitions,
+        snapshot_interval_ms=args.snapshot_interval_ms,
+        snapshot_every_epochs=args.snapshot_every_epochs,
+        recovery=args.recovery,
+        peers=tuple(args.peers.split(",")) if args.peers else (),
+        port_base=args.port_base, feed=args.feed or "",
+        query_port=args.query_port, query_host=args.query_host,
+        query=tuple(args.query.split(",")) if args.query else (),
+        query_token=args.query_token,
+        query_tls=(args.query_tls_cert, args.query_tls_key) if args.query_tls_cert else None,
+        metrics_port=args.metrics_port,
         run_dir=Path(args.run_dir),
-        metrics_port=args.metrics_port + workers + 1 if args.metrics_port else 0,
         failure=FailureConfig(failure_timeout_ms=args.failure_timeout_ms,
                               startup_timeout_ms=args.startup_timeout_ms,
                               stop_timeout_ms=args.stop_timeout_ms,
                               hang_timeout_ms=args.hang_timeout_ms),
         rebalance=RebalanceConfig(args.rebalance_check_ms, args.rebalance_skew),
-        snapshots=None if args.no_snapshots else SnapshotConfig(
-            args.warehouse, _settings(args.storage_option), keep=args.keep_snapshots,
-            keep_inputs=args.keep_inputs, recovery=args.recovery,
-        ),
+        allow_code_change=args.allow_code_change,
     )  # fmt: skip
-    _check_before_start(config)
-    logger.info(
-        "running %s as %r: %d worker%s, %d partitions, Kafka at %s (Ctrl-C or SIGTERM stops)",
-        args.app,
-        app_name,
-        workers,
-        "s" * (workers != 1),
-        partitions,
-        args.bootstrap,
-    )
-    return Supervisor(config).run()
-
-
-def _check_before_start(config: ClusterConfig) -> None:
-    """Ports, warehouse, broker: whatever is wrong is one line now, before anything runs."""
-    from epochal.config import Listener
-    from epochal.preflight import Binding, check_broker, check_ports, check_warehouse
-
-    worker = config.worker
-    bindings = [Binding(a, Listener.PEERS, f"worker {w}") for w, a in enumerate(worker.peers)]
-    bindings += [Binding(a, Listener.QUERIES, f"worker {w}") for w, a in enumerate(worker.query)]
-    if worker.feed:
-        bindings.append(Binding(worker.feed, Listener.FEED, "the sequencer"))
-    metrics = {f"worker {w}": worker.metrics_port + w for w in range(worker.workers)}
-    metrics |= {"the sequencer": config.sequencer.metrics_port}
-    metrics |= {"the supervisor": config.metrics_port}
-    bindings += [
-        Binding(f"127.0.0.1:{port}", Listener.METRICS, owner)
-        for owner, port in metrics.items()
-        if worker.metrics_port and port
-    ]
-    check_ports(bindings)
-    if config.snapshots is not None:
-        check_warehouse(config.snapshots, worker.app)
-    with console.status(f"checking Kafka at {config.kafka.bootstrap_servers}"):
-        check_broker(config.kafka, _BROKER_CHECK_S)
-
-
-def _query_endpoints(args: argparse.Namespace, workers: int) -> tuple[str, ...]:
-    """Each worker's live query address (none with ``--query-port 0``), checked."""
-    from epochal.actors.query_server import check_binding
-
-    if args.query:
-        query = tuple(args.query.split(","))
-    elif args.query_port:
-        query = tuple(f"{args.query_host}:{args.query_port + w}" for w in range(workers))
-    else:
-        return ()
-    if len(query) != workers:
-        raise ConfigError(f"--query names {len(query)} workers, --workers says {workers}")
-    if bool(args.query_tls_cert) != bool(args.query_tls_key):
-        raise ConfigError("TLS for queries needs both --query-tls-cert and --query-tls-key")
-    for address in query:
-        check_binding(address, args.query_token)
-    return query
 
 
 def _replay(args: argparse.Namespace) -> int:

@@ -45,10 +45,10 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from epochal.actors.api import ActorType, App
+from epochal.actors.api import ActorType, App, named
 from epochal.actors.framing import FrameBuffer, framed, split_address
 from epochal.actors.serializable import READ_HANDLER, ReadKeys
-from epochal.config import KafkaConfig, SnapshotConfig
+from epochal.config import ClusterConfig, KafkaConfig, SnapshotConfig
 from epochal.errors import (
     QueryError,
     QueryTimeoutError,
@@ -277,20 +277,23 @@ class QueryClient:
     """An asyncio client of one app's cluster; see the module docstring.
 
     ``endpoints``: one or more worker query addresses (``host:port``; any worker will do, the
-    others are learnt). ``token``: the servers' shared token (default ``$EPOCHAL_QUERY_TOKEN``).
-    ``tls``: an SSL context to connect with. ``kafka``: for ``submit`` and ``SERIALIZABLE``.
-    ``snapshots``: where the app's snapshots are, for ``SNAPSHOT(ssid)``: a
-    ``SnapshotConfig(warehouse)`` (the reader is made on the first such read), or a reader of
-    your own. With no ``endpoints`` (``()``) the client reads snapshots only, and needs no
-    running cluster. ``timeout_s``: how long a call may take, retries included (each call may
-    override it).
+    others are learnt; default ``127.0.0.1:7700``). ``token``: the servers' shared token
+    (default ``$EPOCHAL_QUERY_TOKEN``). ``tls``: an SSL context to connect with. ``kafka``: for
+    ``submit`` and ``SERIALIZABLE``. ``snapshots``: where the app's snapshots are, for
+    ``SNAPSHOT(ssid)``: a ``SnapshotConfig(warehouse)`` (the reader is made on the first such
+    read), or a reader of your own. ``config``: the :class:`ClusterConfig` the cluster runs
+    with, which says the app's name, the endpoints, the token, Kafka and the warehouse for
+    whatever is not given. With no ``endpoints`` (``()``) the client reads snapshots only, and
+    needs no running cluster. ``timeout_s``: how long a call may take, retries included (each
+    call may override it).
     """
 
     def __init__(
         self,
         app: App,
-        endpoints: str | Sequence[str] = "127.0.0.1:7700",
+        endpoints: str | Sequence[str] | None = None,
         *,
+        config: ClusterConfig | None = None,
         token: str | None = None,
         tls: ssl.SSLContext | None = None,
         kafka: KafkaConfig | None = None,
@@ -298,7 +301,14 @@ class QueryClient:
         timeout_s: float = 10.0,
         replies_lookback_ms: int = 10 * 60 * 1000,
     ) -> None:
+        if config is not None:
+            app = named(app, config.name) if config.name else app
+            endpoints = config.query_endpoints(1) if endpoints is None else endpoints
+            token = (config.query_token or None) if token is None else token
+            kafka = kafka or config.kafka
+            snapshots = snapshots or config.snapshots
         self.app = app
+        endpoints = "127.0.0.1:7700" if endpoints is None else endpoints
         seeds = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         self.seeds = [e for s in seeds for e in s.split(",") if e]
         self.token = os.environ.get("EPOCHAL_QUERY_TOKEN", "") if token is None else token
@@ -688,7 +698,8 @@ class QueryClient:
         source = self.snapshot_source
         if source is None:
             raise QueryError(
-                "SNAPSHOT reads need the warehouse: pass snapshots=SnapshotConfig(warehouse)"
+                "SNAPSHOT reads need the warehouse: pass snapshots=SnapshotConfig(warehouse), or "
+                "the cluster's config=ClusterConfig(...)"
             )
         if isinstance(source, SnapshotConfig):  # delta-rs loads now, not with the client
             from epochal.recovery.snapshot_reads import SnapshotReader
@@ -704,7 +715,7 @@ class Client:
     ...     client.get(Account, "acct-1", isolation=LIVE)
     """
 
-    def __init__(self, app: App, endpoints: str | Sequence[str] = "127.0.0.1:7700",
+    def __init__(self, app: App, endpoints: str | Sequence[str] | None = None,
                  **options: Any) -> None:  # fmt: skip
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="epochal-client",

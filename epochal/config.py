@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum, StrEnum
 from pathlib import Path
 from types import MappingProxyType
@@ -19,6 +19,7 @@ from epochal.errors import ConfigError
 
 __all__ = [
     "CacheConfig",
+    "ClusterConfig",
     "FailureConfig",
     "KafkaConfig",
     "Listener",
@@ -448,3 +449,74 @@ class RebalanceConfig:
                 check_interval_ms=self.check_interval_ms,
                 skew=self.skew,
             )
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """How to run one app's cluster, each fact stated once: what ``epochal run``'s flags say
+    (the same defaults), what :func:`epochal.run` takes, and what a :class:`epochal.Client`
+    learns its endpoints, Kafka and warehouse from.
+
+    ``name`` runs the app under another name (its topics and tables). ``workers`` None: one per
+    usable core but one, at least 1; ``partitions`` None: two per worker. An epoch closes after
+    ``epoch_ms`` or ``epoch_records``. ``snapshots`` None: no snapshots (a restart replays the
+    whole command log); they are taken every ``snapshot_interval_ms`` and/or every
+    ``snapshot_every_epochs`` epochs. ``recovery`` is ``"strong"`` or ``"weak"``
+    (docs/recovery.md). Worker w exchanges epochs on ``peers[w]`` (default
+    ``127.0.0.1:port_base+w``), a weak cluster's sequencer feeds them on ``feed`` (default
+    ``127.0.0.1:port_base+workers``) and worker w answers queries on ``query[w]`` (default
+    ``query_host:query_port+w``; ``query_port`` 0: no queries). ``metrics_port`` P (0: off):
+    worker w on P+w, then the sequencer, then the supervisor. ``query_tls`` is a certificate
+    and key file.
+
+    >>> ClusterConfig(workers=2).query_endpoints(2)
+    ('127.0.0.1:7700', '127.0.0.1:7701')
+    """
+
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    name: str | None = None
+    workers: int | None = None
+    partitions: int | None = None
+    input_partitions: int = 1
+    input_retention_ms: int = -1
+    epoch_ms: int = 20
+    epoch_records: int = 5000
+    snapshots: SnapshotConfig | None = field(default_factory=SnapshotConfig)
+    snapshot_interval_ms: int = 1000
+    snapshot_every_epochs: int = 0
+    recovery: str = "strong"
+    peers: tuple[str, ...] = ()
+    port_base: int = 7600
+    feed: str = ""
+    query_port: int = 7700
+    query_host: str = "127.0.0.1"
+    query: tuple[str, ...] = ()
+    query_token: str = field(default="", repr=False)
+    query_tls: tuple[str, str] | None = None
+    metrics_port: int = 0
+    run_dir: Path = Path(".epochal/run")
+    failure: FailureConfig = field(default_factory=FailureConfig)
+    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
+    allow_code_change: bool = False
+
+    def __post_init__(self) -> None:
+        if self.recovery not in ("strong", "weak"):
+            raise ConfigError("the recovery mode is strong or weak", recovery=self.recovery)
+        if self.recovery == "weak" and self.snapshots is None:
+            raise ConfigError("weak recovery needs snapshots: they release its egress")
+        if self.snapshots is not None and self.snapshots.recovery != self.recovery:
+            if self.snapshots.recovery != "strong":  # not SnapshotConfig's default: said twice
+                raise ConfigError(
+                    "say the recovery mode once, as ClusterConfig(recovery=...)",
+                    cluster=self.recovery,
+                    snapshots=self.snapshots.recovery,
+                )
+            object.__setattr__(self, "snapshots", replace(self.snapshots, recovery=self.recovery))
+
+    def query_endpoints(self, workers: int) -> tuple[str, ...]:
+        """Each of ``workers`` workers' query address (none with ``query_port`` 0)."""
+        if self.query:
+            return self.query
+        if not self.query_port:
+            return ()
+        return tuple(f"{self.query_host}:{self.query_port + w}" for w in range(workers))

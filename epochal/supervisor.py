@@ -51,7 +51,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
@@ -71,12 +71,8 @@ from epochal.actors.lifecycle import (
 )
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.transport import TransportError
+from epochal.cluster_plan import ClusterPlan
 from epochal.config import (
-    FailureConfig,
-    KafkaConfig,
-    RebalanceConfig,
-    SequencerConfig,
-    SnapshotConfig,
     WorkerConfig,
 )
 from epochal.deploy import check_deploy
@@ -113,31 +109,12 @@ from epochal.schemas.status import ProcessState, SupervisorStatus
 from epochal.stop import StopRecord, stop_file, write_stop
 from epochal.watch import BrokerOutage, GroupWatch, OutageChange
 
-__all__ = ["ClusterConfig", "RollbackBackoff", "Supervisor"]
+__all__ = ["RollbackBackoff", "Supervisor"]
 
 logger = logging.getLogger(__name__)
 _TICK_S = 0.1
 EXIT_UNRECOVERABLE = 3  # a child's exit code: restarting cannot help (see _exit_if_unrecoverable)
 EXIT_HUNG = 4  # a worker's exit code: one of its handlers hung (see _worker_main)
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    """Everything ``epochal run`` needs; ``app_name`` renames the app (its topics and ids);
-    ``snapshots`` None: no snapshots, a restart replays the whole command log."""
-
-    app_spec: str
-    kafka: KafkaConfig
-    sequencer: SequencerConfig
-    worker: WorkerConfig
-    app_name: str | None = None
-    input_partitions: int = 1
-    run_dir: Path = Path(".epochal/run")
-    pin_cpus: bool = True
-    failure: FailureConfig = field(default_factory=FailureConfig)
-    snapshots: SnapshotConfig | None = None
-    rebalance: RebalanceConfig = field(default_factory=RebalanceConfig)
-    metrics_port: int = 0  # the supervisor's own metrics (0: none)
 
 
 class RollbackBackoff:
@@ -183,7 +160,7 @@ class _Stop:
         return self.stopping
 
 
-def _unrecoverable_file(config: ClusterConfig, app: str) -> Path:
+def _unrecoverable_file(config: ClusterPlan, app: str) -> Path:
     """Where a child that cannot go on writes why, for the supervisor's last line."""
     return config.run_dir / app / "unrecoverable.txt"
 
@@ -214,7 +191,7 @@ def _child_failures(role: str, record: Path, stop: _Stop) -> Iterator[None]:
         sys.exit(1)
 
 
-def _snapshots(config: ClusterConfig, app: App) -> DeltaSnapshots | None:
+def _snapshots(config: ClusterPlan, app: App) -> DeltaSnapshots | None:
     """Snapshots in Delta Lake under the configured warehouse, or none."""
     if config.snapshots is None:
         return None
@@ -222,7 +199,7 @@ def _snapshots(config: ClusterConfig, app: App) -> DeltaSnapshots | None:
     return DeltaSnapshots(app, config.snapshots, config.worker.partitions, clients)
 
 
-def _sequencer_main(config: ClusterConfig, name: MemberName, parent: int) -> None:
+def _sequencer_main(config: ClusterPlan, name: MemberName, parent: int) -> None:
     """The sequencer process: its loop beats a pulse, and while it does, it stays a member."""
     from epochal.log.sequencer import Sequencer
 
@@ -263,7 +240,7 @@ def _sequencer_main(config: ClusterConfig, name: MemberName, parent: int) -> Non
         status.stop(report(ProcessState.STOPPED) if stopped else None)
 
 
-def _worker_main(config: ClusterConfig, worker: WorkerConfig, parent: int) -> None:
+def _worker_main(config: ClusterPlan, worker: WorkerConfig, parent: int) -> None:
     from epochal.actors.worker import Worker
 
     die_with_parent(parent)
@@ -332,7 +309,7 @@ def _children_context() -> multiprocessing.context.ForkServerContext:
 class Supervisor:
     """Runs and watches the cluster until SIGTERM or SIGINT."""
 
-    def __init__(self, config: ClusterConfig) -> None:
+    def __init__(self, config: ClusterPlan) -> None:
         self.config = config
         self.context = _children_context()
         self.app_name = config.app_name or load_app(config.app_spec).name
@@ -368,6 +345,14 @@ class Supervisor:
         self.status: StatusPublisher | None = None  # once the topics exist
 
     def run(self) -> int:
+        """Run the cluster until SIGTERM or SIGINT (from the main thread: it takes both
+        signals); the exit code, 0 for a stop at a savepoint."""
+        worker = self.config.worker
+        logger.info(
+            "running %s as %r: %d worker%s, %d partitions, Kafka at %s (Ctrl-C or SIGTERM stops)",
+            self.config.app_spec, self.app_name, worker.workers, "s" * (worker.workers != 1),
+            worker.partitions, self.config.kafka.bootstrap_servers,
+        )  # fmt: skip
         set_title(f"epochal: supervisor of {self.app_name}")
         os.environ["PYTHONHASHSEED"] = "0"  # inherited by every child and the fork server
         stop = _Stop(handle_sigint=True)

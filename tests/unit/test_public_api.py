@@ -9,7 +9,7 @@ EXPORTED = {
     "BrokerUnavailableError", "CacheConfig", "ConfigError", "EpochalError", "KafkaConfig",
     "LocalBrokerConfig", "LocalBrokerError", "LogError", "LogTruncatedError", "QueryError",
     "RecoveryError", "SchemaError", "SnapshotMissingError", "SparkConfig", "TransactionAborted",
-    "SequencerConfig", "WorkerConfig", "FailureConfig", "EgressRecord", "DeadLetter",
+    "ClusterConfig", "run", "FailureConfig", "EgressRecord", "DeadLetter",
     "SnapshotNotRetainedError", "register_views", "state_at", "SnapshotConfig", "SnapshotReader",
     "Client", "QueryClient", "Isolation", "Outcome", "LIVE", "COMMITTED", "SERIALIZABLE",
     "SNAPSHOT", "QueryTimeoutError", "QueryUnavailableError", "RebalanceConfig", "ReadDict",
