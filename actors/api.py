@@ -43,6 +43,8 @@ from epochal.schemas.actor_schemas import RESERVED_COLUMNS
 from epochal.schemas.canonical import Codec, codec_for
 from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import ActorKey, KeyRef
+from epochal.schemas.egress import EgressFormat
+from epochal.schemas.egress_codec import EgressCodec, egress_codec
 
 __all__ = ["ActorType", "App", "Handler", "KeysFn", "load_app", "named"]
 
@@ -103,7 +105,11 @@ class Handler:
 
 @dataclass
 class App:
-    """An epochal application: a name, its actor types and its transactions."""
+    """An epochal application: a name, its actor types and its transactions.
+
+    ``egress_format`` (:class:`EgressFormat` or its value, ``"msgpack"`` or ``"json"``) is how
+    the app writes its egress topics and dead letters: JSON lets a plain Kafka tool read them.
+    """
 
     name: str
     actor_types: dict[str, ActorType] = field(default_factory=dict)
@@ -114,6 +120,9 @@ class App:
     """Per actor type, the function that turns a value of an older schema into the state
     (see :meth:`migration`)."""
     _code_hash: tuple[tuple[object, ...], str] | None = field(default=None, repr=False)
+    egress_format: EgressFormat | str = field(default=EgressFormat.MSGPACK, kw_only=True)
+    """Made an :class:`EgressFormat` at construction; read :attr:`egress_codec` for its codec."""
+    _egress_codec: EgressCodec | None = field(default=None, init=False, repr=False, compare=False)
     _topics: TopicNames | None = field(default=None, repr=False, compare=False)
     _routes: dict[str, tuple[dict[type, Handler], Any]] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -123,6 +132,8 @@ class App:
 
     def __post_init__(self) -> None:
         from epochal.actors.serializable import READ_HANDLER, ReadKeys, read_handler_parts
+
+        self.egress_format = EgressFormat.of(self.egress_format)
 
         read, keys = read_handler_parts(self)  # every app answers serializable reads
         self.handlers[READ_HANDLER] = Handler(READ_HANDLER, read, ReadKeys, keys, client=True)
@@ -134,6 +145,15 @@ class App:
         if topics is None or topics.app != self.name:
             topics = self._topics = TopicNames(self.name)
         return topics
+
+    @property
+    def egress_codec(self) -> EgressCodec:
+        """How the app's egress records and dead letters are encoded and read (asked for per
+        outcome: chosen once, again only if :attr:`egress_format` is changed)."""
+        codec = self._egress_codec
+        if codec is None or codec.format is not self.egress_format:
+            codec = self._egress_codec = egress_codec(self.egress_format)
+        return codec
 
     @property
     def actor_types_by_class(self) -> Mapping[type, ActorType]:

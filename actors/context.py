@@ -224,6 +224,12 @@ class Context:
             self._abort(f"egress record does not encode: {describe_exception(exc)}")
         if len(data) > MAX_EGRESS_BYTES:
             self._abort(f"egress record of {len(data)} bytes is over {MAX_EGRESS_BYTES}")
+        check = self.app.egress_codec.check_value
+        if check is not None:  # a JSON app: one with no JSON form fails here, not in its writer
+            try:
+                check(data)
+            except (TypeError, ValueError) as exc:
+                self._abort(f"egress record has no JSON form: {describe_exception(exc)}")
         self.egressed.append((name, data))
 
     def now(self) -> int:

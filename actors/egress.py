@@ -72,7 +72,8 @@ DEAD_LETTER_PARTITION = 0
 
 
 def egress_records(app: App, outcome: TxnOutcome) -> list[tuple[str, bytes]]:
-    """(topic, value) of what one reported outcome writes to egress topics."""
+    """(topic, value) of what one reported outcome writes to egress topics, in the app's
+    egress format (``<app>.replies`` always msgpack: the client library reads it)."""
     o = outcome
     records: list[tuple[str, bytes]] = []
     if o.client:
@@ -80,17 +81,19 @@ def egress_records(app: App, outcome: TxnOutcome) -> list[tuple[str, bytes]]:
                             o.result)  # fmt: skip
         records.append((app.topics.replies, encode(reply)))
     if o.committed:
-        records += [
-            (app.topics.egress(name), encode(EgressRecord(o.epoch, o.seq, o.handler, True, value,
-                                                          "", o.source, o.request_id)))
-            for name, value in o.egress
-        ]  # fmt: skip
+        if o.egress:
+            encode_record = app.egress_codec.record
+            records += [
+                (app.topics.egress(name), encode_record(EgressRecord(o.epoch, o.seq, o.handler,
+                                                        True, value, "", o.source, o.request_id)))
+                for name, value in o.egress
+            ]  # fmt: skip
         return records
     aborts_to = app.handlers[o.handler].aborts_to
     if aborts_to is not None:
         record = EgressRecord(o.epoch, o.seq, o.handler, False, b"", o.reason, o.source,
                               o.request_id)  # fmt: skip
-        records.append((app.topics.egress(aborts_to), encode(record)))
+        records.append((app.topics.egress(aborts_to), app.egress_codec.record(record)))
     return records
 
 
@@ -113,15 +116,17 @@ def stage_egress(
                 writer.add(topic, value)
     dead = writers.get(PartitionId(DEAD_LETTER_PARTITION))
     if dead is not None and logged.position >= dead.covered:
+        encode_letter = app.egress_codec.dead_letter
         for letter in skipped_dead_letters(logged.record):
-            dead.add(app.topics.dead_letters, encode(letter), letter.key)
+            dead.add(app.topics.dead_letters, encode_letter(letter), letter.key)
 
 
 def held_dead_letters(app: App, epoch: int, dead: Sequence[DeadLetter]) -> list[OutboxRow]:
     """Weak mode: the dead letters of epoch ``epoch`` as outbox rows of
     :data:`DEAD_LETTER_PARTITION`, released with the snapshot that covers the epoch."""
     topic = app.topics.dead_letters
-    return [OutboxRow(epoch, DEAD_LETTER_PARTITION, topic, encode(d), d.key) for d in dead]
+    encode_letter = app.egress_codec.dead_letter
+    return [OutboxRow(epoch, DEAD_LETTER_PARTITION, topic, encode_letter(d), d.key) for d in dead]
 
 
 def layout_in_force(app: App, state: EgressState) -> KeyRanges | None:

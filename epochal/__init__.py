@@ -50,7 +50,7 @@ from epochal.errors import (
 )
 from epochal.launch import run
 from epochal.schemas.commands import DeadLetter
-from epochal.schemas.egress import EgressRecord
+from epochal.schemas.egress import EgressFormat, EgressRecord
 
 if TYPE_CHECKING:
     from epochal.analytics.history import register_views, state_at
@@ -72,6 +72,7 @@ __all__ = [
     "Context",
     "CountWindow",
     "DeadLetter",
+    "EgressFormat",
     "EgressRecord",
     "EpochalError",
     "FailureConfig",

@@ -214,7 +214,7 @@ def _sequencer_main(config: ClusterPlan, name: MemberName, parent: int) -> None:
     latest = snapshots.latest if snapshots else lambda: None
     sequencer = Sequencer(
         config.sequencer, clients, app, inputs, app.code_hash(), latest_snapshot=latest,
-        final_epoch=True,
+        final_epoch=True, egress_format=app.egress_codec.format,
     )  # fmt: skip
     bound_ms = config.failure.failure_timeout_ms
     pulse = LoopPulse(bound_ms / 1000, config.failure.startup_timeout_ms / 1000, time.monotonic())

@@ -111,7 +111,8 @@ class Results:
         self.results: list[EpochResult] = []
         """The engine's result of each epoch of :attr:`command_log`."""
         self.dead_letters: list[DeadLetter] = []
-        """What the sequencer sent to ``<app>.dlq``, each with its reason and coordinates."""
+        """What the sequencer sent to ``<app>.dlq``, each with its reason and coordinates, as
+        a reader of the topic decodes it (encoded in the app's egress format and back)."""
         self.written: list[tuple[str, bytes]] = []
         """Every record released to an egress topic (``<app>.out.*``, ``<app>.replies``), with
         its topic, in the order the epochs reported them."""
@@ -121,7 +122,8 @@ class Results:
     ) -> None:
         self.command_log.append(record)
         self.results.append(result)
-        self.dead_letters.extend(dead)
+        codec = self.app.egress_codec
+        self.dead_letters += [codec.read_dead_letter(codec.dead_letter(d)) for d in dead]
         for outcome in result.outcomes:
             self.written.extend(egress_records(self.app, outcome))
 
@@ -170,9 +172,11 @@ class Results:
     def egress_records(self, name: str) -> list[EgressRecord]:
         """The records on egress topic ``name`` (``receipts`` or ``bank.out.receipts``): the
         outputs of committed transactions, and the abort reports of handlers whose
-        ``aborts_to`` it is (``committed`` False, with the ``reason``)."""
+        ``aborts_to`` it is (``committed`` False, with the ``reason``). In an app whose egress
+        format is JSON, a record's ``value`` is the JSON of what the handler wrote."""
         topic = name if name.startswith(f"{self.app.name}.out.") else self.app.topics.egress(name)
-        return [decode(v, EgressRecord) for t, v in self.written if t == topic]
+        read = self.app.egress_codec.read_record
+        return [read(v) for t, v in self.written if t == topic]
 
     @overload
     def egress(self, name: str) -> list[Any]: ...
@@ -182,13 +186,11 @@ class Results:
 
     def egress(self, name: str, as_type: Any = None) -> list[Any]:
         """What committed transactions wrote to egress topic ``name`` (``ctx.egress``), decoded
-        as ``as_type`` if given, else as plain msgpack (dicts, lists, ...)."""
+        as ``as_type`` if given, else as plain values (dicts, lists, ...) of the app's egress
+        format: in JSON, bytes are base64 strings unless ``as_type`` says they are bytes."""
         kind = Any if as_type is None else as_type
-        return [
-            msgspec.msgpack.decode(r.value, type=kind)
-            for r in self.egress_records(name)
-            if r.committed
-        ]
+        read = self.app.egress_codec.read_value
+        return [read(r.value, kind) for r in self.egress_records(name) if r.committed]
 
 
 class AppTest(Results):

@@ -74,8 +74,10 @@ from epochal.log.ordering import (
 from epochal.log.snapshot_schedule import SnapshotSchedule
 from epochal.log.topics import TopicNames
 from epochal.metrics import Metrics, serve_metrics
-from epochal.schemas.codec import decode, encode
+from epochal.schemas.codec import decode
 from epochal.schemas.commands import ClientRequest, DeadLetter, InputRecord
+from epochal.schemas.egress import EgressFormat
+from epochal.schemas.egress_codec import egress_codec
 from epochal.schemas.snapshots import Manifest
 
 if TYPE_CHECKING:  # exported by confluent_kafka.admin, but not declared so for type checkers
@@ -128,8 +130,10 @@ class Sequencer:
         *,
         latest_snapshot: Callable[[], Manifest | None] = lambda: None,
         final_epoch: bool = False,
+        egress_format: EgressFormat = EgressFormat.MSGPACK,
     ) -> None:
         self.config = config
+        self.encode_dead_letter = egress_codec(egress_format).dead_letter  # the app's format
         self.latest_snapshot = latest_snapshot
         self.skipped_inputs: frozenset[tuple[str, int, int]] = frozenset()  # weak: read at start
         self.clients = clients
@@ -449,7 +453,9 @@ class Sequencer:
                 producer.produce(self.names.command_log, chunk)
             for dead in sequenced.dead:
                 self._warn_dead(dead)
-                producer.produce(self.names.dead_letters, encode(dead), key=dead.key)
+                producer.produce(
+                    self.names.dead_letters, self.encode_dead_letter(dead), key=dead.key
+                )
             producer.send_offsets_to_transaction(
                 positions, consumer.consumer_group_metadata(), _KAFKA_TIMEOUT_S
             )

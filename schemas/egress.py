@@ -2,18 +2,41 @@
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 
+from epochal.errors import ConfigError
 from epochal.schemas.commands import ActorKey, InputPosition
 
-__all__ = ["ClientReply", "EgressLayout", "EgressPosition", "EgressRecord"]
+__all__ = ["ClientReply", "EgressFormat", "EgressLayout", "EgressPosition", "EgressRecord"]
+
+
+class EgressFormat(enum.Enum):
+    """How an app writes its egress records and dead letters: msgpack (compact, the default)
+    or JSON (one readable object per record, for ``kcat`` and other plain Kafka tools)."""
+
+    MSGPACK = "msgpack"
+    JSON = "json"
+
+    @classmethod
+    def of(cls, value: EgressFormat | str) -> EgressFormat:
+        """The format ``value`` names (the enum or its string value), or a ConfigError."""
+        try:
+            return cls(value)
+        except ValueError:
+            known = ", ".join(repr(f.value) for f in cls)
+            raise ConfigError(
+                f"egress_format {value!r} is not one of {known}", egress_format=repr(value)
+            ) from None
 
 
 class EgressRecord(msgspec.Struct, frozen=True):
     """One output of a transaction, with its timestamp ``(epoch, seq)`` and outcome.
 
-    ``value`` is the msgpack of the record the handler produced; for an aborted transaction that
-    reports to an egress topic it is empty and ``reason`` says why. ``source`` is the input
+    ``value`` is the msgpack of the record the handler produced (in an app whose egress format
+    is JSON, its JSON); for an aborted transaction that reports to an egress topic it is empty
+    and ``reason`` says why. ``source`` is the input
     record the transaction came from (topic, partition, offset) and ``request_id`` the client's
     idempotency key for a client transaction; an interior transaction carries those of the input
     that started its chain.

@@ -13,7 +13,7 @@ EXPORTED = {
     "SnapshotNotRetainedError", "register_views", "state_at", "SnapshotConfig", "SnapshotReader",
     "Client", "QueryClient", "Isolation", "Outcome", "LIVE", "COMMITTED", "SERIALIZABLE",
     "SNAPSHOT", "QueryTimeoutError", "QueryUnavailableError", "RebalanceConfig", "ReadDict",
-    "ReadList",
+    "ReadList", "EgressFormat",
     "__version__",
 }  # fmt: skip
 
