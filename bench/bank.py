@@ -75,8 +75,7 @@ from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, cache_di
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.client import KafkaClients, arrived
 from epochal.log.local_broker import LocalBroker
-from epochal.schemas.codec import decode
-from epochal.schemas.egress import EgressRecord
+from examples.bank.app import app as bank_app
 from examples.bank.producer import Deposit, Transfer, events
 
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -484,12 +483,13 @@ class EgressWatcher(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
+        read = bank_app.egress_codec.read_record  # in the format of the app the bench runs
         while not self.stopping.is_set():
             for message in arrived(self.consumer, 10_000, 0.05):
                 if message.error() is not None:
                     continue
                 seen = time.time() * 1000
-                record = decode(message.value() or b"", EgressRecord)
+                record = read(message.value() or b"")
                 if record.source is not None:
                     self.out[record.source.offset] = (message.timestamp()[1], seen)
         self.consumer.close()

@@ -197,7 +197,7 @@ class _Demo:
         return time.monotonic() - started
 
     def _egressed(self, message: Any) -> None:
-        record = msgspec.msgpack.decode(message.value(), type=EgressRecord)
+        record = self.app.egress_codec.read_record(message.value())
         self.egress.append(record)
         self.egressed_at.append((message.timestamp()[1] / 1000, record))
 

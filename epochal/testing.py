@@ -316,6 +316,7 @@ class AppTest(Results):
         sequenced = order(
             self.app, stamp, inputs, requests, sequenced_requests=self._window,
             positions=self._positions, dead_letter_bytes=self.config.dead_letter_max_bytes,
+            egress_format=self.app.egress_codec.format,
         )  # fmt: skip
         record = sequenced.record
         self._window.remember(sequenced.requests_seen, record.now_ms)

@@ -28,6 +28,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+import msgspec
+
 from epochal.errors import SchemaError, describe_exception
 from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import (
@@ -41,6 +43,8 @@ from epochal.schemas.commands import (
     KeyRef,
     Origin,
 )
+from epochal.schemas.egress import EgressFormat
+from epochal.schemas.egress_codec import egress_codec
 
 __all__ = [
     "DEFAULT_DEAD_LETTER_BYTES",
@@ -117,15 +121,16 @@ def order(
     positions: Mapping[str, int] | None = None,
     dead_letter_bytes: int = DEFAULT_DEAD_LETTER_BYTES,
     skipped: AbstractSet[tuple[str, int, int]] = frozenset(),
+    egress_format: EgressFormat = EgressFormat.MSGPACK,
 ) -> SequencedEpoch:
     """Order one batch into epoch ``stamp.epoch``; see the module docstring for the rule.
 
     ``positions`` is the position vector before this batch (the last epoch's ``next_offsets``);
-    ``sequenced_requests`` the request ids already used; ``dead_letter_bytes`` caps each encoded
-    dead letter; ``skipped`` the ``(topic, partition, offset)`` of records an operator sent to the
-    dead letters (``epochal skip --input``).
+    ``sequenced_requests`` the request ids already used; ``dead_letter_bytes`` caps each dead
+    letter encoded in ``egress_format`` (the app's); ``skipped`` the ``(topic, partition,
+    offset)`` of records an operator sent to the dead letters (``epochal skip --input``).
     """
-    batch = _Batch(router, dead_letter_bytes, dict(positions or {}), skipped)
+    batch = _Batch(router, dead_letter_bytes, dict(positions or {}), skipped, egress_format)
     for record in sorted(inputs, key=lambda r: (r.topic, r.partition, r.offset)):
         batch.border(record)
     for record in sorted(requests, key=lambda r: (r.partition, r.offset)):
@@ -145,6 +150,7 @@ class _Batch:
     dead_letter_bytes: int
     next_offsets: dict[str, int]
     skipped: AbstractSet[tuple[str, int, int]]
+    egress_format: EgressFormat
     txns: list[CommandTxn] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     seen: dict[str, int] = field(default_factory=dict)
@@ -192,7 +198,9 @@ class _Batch:
         )  # fmt: skip
 
     def _dead(self, record: InputRecord, exc: Exception) -> None:
-        self.dead.append(dead_letter(record, _reason(exc), self.dead_letter_bytes))
+        self.dead.append(
+            dead_letter(record, _reason(exc), self.dead_letter_bytes, self.egress_format)
+        )
 
     def _advance(self, record: InputRecord) -> bool:
         """Move the position past ``record``; True if it was skipped (now a dead letter)."""
@@ -203,7 +211,9 @@ class _Batch:
         self.next_offsets[position] = max(self.next_offsets.get(position, 0), record.offset + 1)
         if not self.skipped or (record.topic, record.partition, record.offset) not in self.skipped:
             return False
-        self.dead.append(dead_letter(record, SKIPPED_REASON, self.dead_letter_bytes))
+        self.dead.append(
+            dead_letter(record, SKIPPED_REASON, self.dead_letter_bytes, self.egress_format)
+        )
         return True
 
 
@@ -213,14 +223,19 @@ def _reason(exc: BaseException) -> str:
 
 
 def dead_letter(
-    record: InputRecord, reason: str, max_bytes: int = DEFAULT_DEAD_LETTER_BYTES
+    record: InputRecord,
+    reason: str,
+    max_bytes: int = DEFAULT_DEAD_LETTER_BYTES,
+    egress_format: EgressFormat = EgressFormat.MSGPACK,
 ) -> DeadLetter:
-    """The dead letter of ``record``, encoded in at most ``max_bytes`` (unless its coordinates
-    alone are longer): the reason gets up to a quarter of the room, the key up to a quarter, the
-    value the rest; a cut value or key sets ``truncated``."""
+    """The dead letter of ``record``, encoded in ``egress_format`` in at most ``max_bytes``
+    (unless its coordinates alone are longer): the reason gets up to a quarter of the room, the
+    key up to a quarter, the value the rest; a cut value or key sets ``truncated``."""
     key = record.key
     bare = DeadLetter("", record.topic, record.partition, record.offset, b"",
                       None if key is None else b"", True, len(record.value))  # fmt: skip
+    if egress_format is not EgressFormat.MSGPACK:
+        return _fit_json(record, reason, max_bytes, bare)
     room = max(0, max_bytes - len(encode(bare)) - _HEADERS)
     text = _clip(reason, room // 4)
     if key is not None:
@@ -229,6 +244,36 @@ def dead_letter(
     truncated = len(value) < len(record.value) or (key is not None and key != record.key)
     return DeadLetter(text, record.topic, record.partition, record.offset, value, key,
                       truncated, len(record.value))  # fmt: skip
+
+
+def _fit_json(record: InputRecord, reason: str, max_bytes: int, bare: DeadLetter) -> DeadLetter:
+    """:func:`dead_letter` in JSON, where bytes grow by a third (base64) and the reason by its
+    escapes: the reason gets up to a quarter of the room as escaped, the key up to a quarter
+    of the rest and the value what is left, then the value, the key and the reason are cut
+    in turn until the encoded letter fits, measured rather than estimated."""
+    encode_json = egress_codec(EgressFormat.JSON).dead_letter
+    room = max(0, max_bytes - len(encode_json(bare)))
+    text = _clip(reason, room // 4)
+    while (escaped := len(msgspec.json.encode(text)) - 2) > room // 4:
+        text = _clip(text, len(text.encode()) * (room // 4) // escaped)
+    raw_room = (room - escaped) * 3 // 4  # the room left for bytes, before base64
+    key = None if record.key is None else record.key[: raw_room // 3]
+    value = record.value[: max(0, raw_room - len(key or b""))]
+    while True:
+        truncated = len(value) < len(record.value) or (key is not None and key != record.key)
+        letter = DeadLetter(text, record.topic, record.partition, record.offset, value, key,
+                            truncated, len(record.value))  # fmt: skip
+        excess = len(encode_json(letter)) - max_bytes
+        if excess <= 0:
+            return letter
+        if value:  # each pass cuts at least one byte of one field: it ends
+            value = value[: max(0, len(value) - excess)]
+        elif key:
+            key = key[: max(0, len(key) - excess)]
+        elif text:
+            text = _clip(text, max(0, len(text.encode()) - excess))
+        else:
+            return letter  # the coordinates alone are longer
 
 
 def _clip(text: str, limit: int) -> str:

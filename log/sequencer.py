@@ -133,7 +133,8 @@ class Sequencer:
         egress_format: EgressFormat = EgressFormat.MSGPACK,
     ) -> None:
         self.config = config
-        self.encode_dead_letter = egress_codec(egress_format).dead_letter  # the app's format
+        self.egress_format = egress_format  # the app's: how its dead letters are written
+        self.encode_dead_letter = egress_codec(egress_format).dead_letter
         self.latest_snapshot = latest_snapshot
         self.skipped_inputs: frozenset[tuple[str, int, int]] = frozenset()  # weak: read at start
         self.clients = clients
@@ -439,7 +440,7 @@ class Sequencer:
         return order(
             self.router, stamp, inputs, requests, sequenced_requests=state.window,
             positions=state.positions, dead_letter_bytes=self.config.dead_letter_max_bytes,
-            skipped=self.skipped_inputs,
+            skipped=self.skipped_inputs, egress_format=self.egress_format,
         )  # fmt: skip
 
     def _log(self, producer: Producer, consumer: Consumer, sequenced: SequencedEpoch) -> None:
