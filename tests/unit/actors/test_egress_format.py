@@ -13,9 +13,11 @@ import pytest
 from epochal import ConfigError, EgressFormat
 from epochal.actors.api import App
 from epochal.actors.context import Context
-from epochal.actors.egress import DEAD_LETTER_PARTITION, held_dead_letters
+from epochal.actors.egress import DEAD_LETTER_PARTITION, held_dead_letters, stage_egress
+from epochal.log.command_log import LoggedEpoch
 from epochal.log.ordering import dead_letter
-from epochal.schemas.commands import DeadLetter, InputRecord
+from epochal.schemas.codec import decode
+from epochal.schemas.commands import SKIPPED_REASON, DeadLetter, InputRecord, PartitionId
 from epochal.schemas.egress_codec import egress_codec
 from epochal.testing import AppTest
 
@@ -200,3 +202,31 @@ def test_the_sequencer_writes_dead_letters_in_the_format_it_is_given() -> None:
         data = sequencer.encode_dead_letter(letter)
         assert egress_codec(egress_format).read_dead_letter(data) == letter
         assert (data[:1] == b"{") is (egress_format is EgressFormat.JSON)
+
+
+class _Released:
+    """What an egress writer is handed, by topic (stage_egress's side of the writer)."""
+
+    def __init__(self) -> None:
+        self.covered = 0
+        self.added: list[tuple[str, bytes, bytes | None]] = []
+
+    def add(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        self.added.append((topic, value, key))
+
+
+def test_an_operators_skip_releases_its_dead_letter_in_the_apps_format() -> None:
+    for egress_format in EgressFormat:
+        t = AppTest(_app(egress_format), partitions=2)
+        t.send("bumps", Bump("a", 2))
+        t.run()
+        [record], [result] = t.command_log, t.results
+        skipped = msgspec.structs.replace(record, skipped={0: SKIPPED_REASON})
+        writers = {PartitionId(p): _Released() for p in range(2)}
+        stage_egress(t.app, writers, LoggedEpoch(7, skipped), result)
+        dlq = [v for w in writers.values() for topic, v, _ in w.added if topic == "fmt.dlq"]
+        [letter] = [egress_codec(egress_format).read_dead_letter(v) for v in dlq]
+        assert (letter.reason, letter.topic, letter.offset) == (SKIPPED_REASON, "fmt.in.bumps", 0)
+        assert decode(letter.value, Bump) == Bump("a", 2)
+        if egress_format is EgressFormat.JSON:
+            assert json.loads(dlq[0])["reason"] == SKIPPED_REASON
