@@ -13,6 +13,8 @@ quotes them.
 from __future__ import annotations
 
 import ast
+import base64
+import json
 import os
 import re
 import shlex
@@ -24,6 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,6 +51,7 @@ PROVIDED = {
     "epochal kafka start  # a single-node broker on 127.0.0.1:9092, detached",
 }
 BIKES = 10 + 4 + 6 + 10  # what stations.jsonl opens with
+KCAT = "kcat -C -b 127.0.0.1:9092 -X isolation.level=read_committed -t "  # how it reads a topic
 
 
 def tutorial_files() -> dict[str, str]:
@@ -200,8 +204,9 @@ def _settled(kafka: KafkaClients, since_ms: float) -> bool:
     )
 
 
-def _count(output: str, word: str) -> int:
-    return sum(word in line for line in output.splitlines())
+def _json_lines(output: str) -> list[Any]:
+    """What kcat printed of a JSON app's topic: one JSON object a line."""
+    return [json.loads(line) for line in output.splitlines()]
 
 
 def test_queries_md_reads_the_tables_with_the_session_history_py_runs() -> None:
@@ -243,14 +248,21 @@ def test_the_tutorial_runs_as_written(shell: Shell, kafka: KafkaClients) -> None
         return found
 
     assert "3 passed" in output("pytest -q test_bikes.py")
-    trips = output("python watch.py bikes.out.trips")
-    assert _count(trips, "return_bike: {'rider': 'r-") == len(trips.splitlines()) > 10, trips
-    assert _count(output("python watch.py bikes.out.alerts"), "alert_empty: {'station'") > 0
-    refused = output("python watch.py bikes.out.refused")
+    trips = _json_lines(output(KCAT + "bikes.out.trips"))
+    assert len(trips) > 10 and all(
+        t["handler"] == "return_bike" and t["committed"] and t["value"]["rider"].startswith("r-")
+        for t in trips
+    ), trips
+    alerts = _json_lines(output(KCAT + "bikes.out.alerts"))
+    assert alerts and all(a["handler"] == "alert_empty" and "station" in a["value"] for a in alerts)
+    refused = _json_lines(output(KCAT + "bikes.out.refused"))
+    assert all(not r["committed"] and r["value"] is None for r in refused), refused
+    reasons = "\n".join(r["reason"] for r in refused)
     for reason in ("'bikes >= 0' violated", "'bikes <= docks' violated", "riding a bike from"):
-        assert reason in refused, refused
-    (letter,) = output("python watch.py bikes.dlq").splitlines()
-    assert "missing required field `station`" in letter, letter
+        assert reason in reasons, reasons
+    (letter,) = _json_lines(output(KCAT + "bikes.dlq"))
+    assert "missing required field `station`" in letter["reason"], letter
+    assert json.loads(base64.b64decode(letter["value"])) == {"type": "Rent", "rider": "r-0001"}
 
     queried = output("python query.py")
     parked = int(re.search(r"'sum:bikes': (\d+)", queried).group(1))  # type: ignore[union-attr]
