@@ -11,7 +11,7 @@ egress positions before the generation started, the same in every worker. It sta
 latest complete snapshot (or the log's start, without one) and replays the command log after
 it; a partition produces egress only for epochs after the position its writer last committed
 (``log/egress.py``), so a restart never repeats an output. At the epochs
-the sequencer marks, it hands its changed actors to :class:`_Snapshotting` (written off the loop,
+the sequencer marks, it hands its changed actors to :class:`SnapshotSide` (written off the loop,
 committed by worker 0). In weak recovery the epochs come from the sequencer's feed instead of a
 log, and egress (and the dead letters the feed carries, on partition 0) is held until the
 snapshot that covers it commits. An epoch whose number does not follow the last one is
@@ -29,52 +29,44 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 
 from epochal.actors.api import App
 from epochal.actors.egress import (
-    DEAD_LETTER_PARTITION,
     MAX_PENDING_EGRESS,
-    egress_records,
-    held_dead_letters,
     layout_in_force,
     stage_egress,
 )
 from epochal.actors.engine import Engine, EpochResult, partitions_of
+from epochal.actors.interior_ticker import InteriorTicker
 from epochal.actors.lifecycle import collect_less
-from epochal.actors.outcome import Emitted
 from epochal.actors.outcome_metrics import count_outcomes
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import ensure_same_code
 from epochal.actors.query_server import QueryServer, describe_query_metrics
+from epochal.actors.snapshot_side import SnapshotSide
 from epochal.actors.snapshots import (
-    SnapshotCommitter,
     Snapshots,
-    SnapshotTaker,
     carried_of,
-    with_log_position,
 )
 from epochal.actors.status_report import WorkerReport
-from epochal.actors.store import Change
-from epochal.actors.transport import CommittedFrame, PartFrame, Peers
+from epochal.actors.transport import Peers
+from epochal.actors.worker_progress import CatchUp, Progress, StartPhases
 from epochal.config import KafkaConfig, WorkerConfig
 from epochal.errors import ConfigError, LogError
 from epochal.log.amendments import Amendments, read_amendments
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import EpochPoller, KafkaCommandLog, LoggedEpoch
-from epochal.log.egress import EgressWriter, read_egress_state
+from epochal.log.egress import EgressWriter, commit_all, read_egress_state
 from epochal.log.epoch_feed import EpochFeed, FeedClosed, FeedHello, stopping_soon
 from epochal.log.membership import while_member, worker_member
 from epochal.log.status import StatusPublisher
 from epochal.metrics import Metrics, serve_metrics
-from epochal.schemas.codec import encode
-from epochal.schemas.commands import ClientRequest, EpochRecord, PartitionId
-from epochal.schemas.snapshots import Manifest, OutboxRow, SnapshotPart
+from epochal.schemas.commands import PartitionId
+from epochal.schemas.snapshots import Manifest
 from epochal.schemas.status import ProcessState
 
 __all__ = ["Worker"]
@@ -169,7 +161,7 @@ class Worker:
             peers = Peers(config.worker, list(config.peers), config.generation,
                           failure_timeout_s=config.failure_timeout_ms / 1000)  # fmt: skip
         started = time.perf_counter()
-        phases = _Phases()
+        phases = StartPhases()
         writers, ranges = await self._start_egress(phases)
         engine = Engine(self.app, config.partitions, config.worker, config.workers, peers,
                         track_digest=config.track_digest, snapshots=self.snapshots is not None,
@@ -178,18 +170,23 @@ class Worker:
         phases.done("snapshot")
         if peers is not None:
             peers.resumed = resumed.ssid if resumed else -1
-        taking = _Snapshotting(self, engine, peers, writers) if self.snapshots is not None else None
+        taking = None
+        if self.snapshots is not None:
+            taking = SnapshotSide(self.app, config, self.snapshots, metrics=self.metrics,
+                                  engine=engine, peers=peers, writers=writers,
+                                  weak=self.weak)  # fmt: skip
         if taking is not None and resumed is not None:
             taking.committed_ssid = resumed.ssid
         queries = await self._serve_queries(engine)  # before peers connect: a taken port
         if peers is not None:  # ends the start with nothing to cancel
             await peers.start()
-        progress = _Progress.after(resumed)
+        progress = Progress.after(resumed)
         self._report_status(ranges, engine.partitions, progress)
         poller, head = await self._epochs_from(progress, writers, resumed)
         phases.done("peers")
-        recovery = _Recovery(self, progress.next, head, started, resumed, queries=queries)
-        ticker = _InteriorTicker(self.clients, self.app, config)
+        recovery = CatchUp(self.metrics, config.worker, progress.next, head, started=started,
+                           resumed=resumed, queries=queries)  # fmt: skip
+        ticker = InteriorTicker(self.clients, self.app, config)
         self._count_partitions(engine)
         logger.info("worker started worker=%d partitions=%s generation=%d from_epoch=%d "
                     "partition_actors=%s seconds=%s", config.worker, list(engine.partitions),
@@ -221,7 +218,7 @@ class Worker:
             await _close(taking, writers, peers, queries)
 
     def _report_status(
-        self, ranges: KeyRanges, partitions: tuple[PartitionId, ...], progress: _Progress
+        self, ranges: KeyRanges, partitions: tuple[PartitionId, ...], progress: Progress
     ) -> None:
         """Write this worker's status record every second, from a thread (``log/status.py``)."""
         report = WorkerReport(self.config, self.metrics, ranges, partitions, lambda: progress.epoch)
@@ -262,8 +259,8 @@ class Worker:
         engine: Engine,
         logged: LoggedEpoch,
         writers: dict[PartitionId, EgressWriter],
-        taking: _Snapshotting | None,
-        progress: _Progress,
+        taking: SnapshotSide | None,
+        progress: Progress,
     ) -> None:
         """One epoch: check it follows → execute → stage egress → maybe snapshot."""
         progress.epoch = _follows(logged, progress.epoch)
@@ -288,7 +285,7 @@ class Worker:
         if snapshot is not None and taking is not None:
             taking.take(logged, snapshot, engine.carried)
 
-    async def _before_failed_epoch(self, logged: LoggedEpoch, taking: _Snapshotting) -> LoggedEpoch:
+    async def _before_failed_epoch(self, logged: LoggedEpoch, taking: SnapshotSide) -> LoggedEpoch:
         """The last generation failed at epoch E (``snapshot_before``): snapshot the epoch
         before it, and run E only once that snapshot is committed, so that the last good state
         survives a crash loop and a fixed version resumes from it (docs/operations.md)."""
@@ -330,7 +327,7 @@ class Worker:
         return manifest
 
     async def _start_egress(
-        self, phases: _Phases
+        self, phases: StartPhases
     ) -> tuple[dict[PartitionId, EgressWriter], KeyRanges]:
         """Open this worker's egress writers, learn where each resumes and, in strong mode,
         read the operator's amendments; each step timed for the start line."""
@@ -391,7 +388,7 @@ class Worker:
             )
 
     async def _epochs_from(
-        self, progress: _Progress, writers: dict[PartitionId, EgressWriter],
+        self, progress: Progress, writers: dict[PartitionId, EgressWriter],
         resumed: Manifest | None,
     ) -> tuple[EpochFeed | EpochPoller, int]:  # fmt: skip
         """Where epochs come from, and the log's end now (what recovery replays up to): the
@@ -432,7 +429,7 @@ class Worker:
             writer = writers[PartitionId(row.partition)]
             if row.epoch >= writer.covered:
                 writer.add(row.topic, row.value, row.key)
-        await loop.run_in_executor(None, _commit_all, {p: writers[p] for p in owed},
+        await loop.run_in_executor(None, commit_all, {p: writers[p] for p in owed},
                                    resumed.ssid + 1)  # fmt: skip
         logger.info("held egress released after a restart ssid=%d records=%d partitions=%s",
                     resumed.ssid, len(rows), owed)  # fmt: skip
@@ -450,27 +447,8 @@ class Worker:
         return result
 
 
-class _Phases:
-    """Seconds of each step of a worker's start, for its ``worker started`` line: where a
-    rollback's time goes. ``fence``: the egress writers opened, which fences the last
-    generation's; ``positions``: where each resumes read; ``amendments``: the operator's
-    amendments read (strong mode); ``snapshot``: the latest loaded; ``peers``: the
-    other workers connected, the command log or epoch feed opened."""
-
-    def __init__(self) -> None:
-        self._last = time.perf_counter()
-        self._seconds: dict[str, float] = {}
-
-    def done(self, phase: str) -> None:
-        now = time.perf_counter()
-        self._seconds[phase], self._last = now - self._last, now
-
-    def __str__(self) -> str:
-        return ",".join(f"{phase}:{s:.2f}" for phase, s in self._seconds.items())
-
-
 async def _close(
-    taking: _Snapshotting | None, writers: dict[PartitionId, EgressWriter], peers: Peers | None,
+    taking: SnapshotSide | None, writers: dict[PartitionId, EgressWriter], peers: Peers | None,
     queries: QueryServer | None,
 ) -> None:  # fmt: skip
     """Stop what a worker started, its query server first."""
@@ -484,78 +462,7 @@ async def _close(
         await peers.close()
 
 
-def _commit_all(writers: dict[PartitionId, EgressWriter], next_position: int) -> None:
-    for writer in writers.values():
-        writer.commit(next_position)
-
-
-@dataclass
-class _Progress:
-    """Where this worker stands in the command log."""
-
-    next: int  # the command-log position after the last epoch executed
-    epoch: int  # the epoch that must come next
-    committed_at: float = field(default_factory=time.monotonic)  # egress last committed
-    final: int | None = None  # the final epoch of a clean stop, once executed
-
-    @classmethod
-    def after(cls, resumed: Manifest | None) -> _Progress:
-        if resumed is None:
-            return cls(0, 0)
-        return cls(resumed.command_log_position, resumed.epoch + 1)
-
-    async def commit(self, writers: dict[PartitionId, EgressWriter]) -> None:
-        """Release every partition's staged egress up to here (off the loop: Kafka waits)."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, _commit_all, writers, self.next)
-        self.committed_at = time.monotonic()
-
-
-class _Recovery:
-    """A (re)started worker until it has replayed the command log as far as it reached at the
-    start (or the log goes idle): how much is left, and how long catching up took."""
-
-    def __init__(
-        self, worker: Worker, start: int, head: int, started: float, resumed: Manifest | None,
-        *, queries: QueryServer | None = None,
-    ) -> None:  # fmt: skip
-        self.metrics = worker.metrics
-        self.queries = queries  # answers once caught up
-        self.worker = worker.config.worker
-        self.start = start
-        self.head = head  # the log's end at the start: a transaction marker follows the last epoch
-        self.started = started
-        self.ssid = resumed.ssid if resumed else -1
-        self.done = False
-        self._logged = started
-        self.metrics.set("epochal_recovery_remaining_records", max(0, head - 1 - start))
-
-    def after_poll(self, next_position: int, got_epochs: bool) -> None:
-        if self.done:
-            return
-        self.metrics.set("epochal_recovery_replayed_records", next_position - self.start)
-        self.metrics.set(
-            "epochal_recovery_remaining_records", max(0, self.head - 1 - next_position)
-        )
-        if got_epochs and next_position < self.head - 1:
-            now = time.perf_counter()
-            if now - self._logged >= 2.0:  # a long replay says how far it is
-                self._logged = now
-                logger.info("recovering worker=%d replayed_records=%d of=%d", self.worker,
-                            next_position - self.start, self.head - 1 - self.start)  # fmt: skip
-            return
-        self.done = True
-        if self.queries is not None:
-            self.queries.ready = True
-        seconds = time.perf_counter() - self.started
-        self.metrics.set("epochal_recovery_seconds", seconds)
-        self.metrics.set("epochal_recovery_remaining_records", 0)
-        logger.info("recovered worker=%d from_ssid=%d from_position=%d replayed_records=%d "
-                    "seconds=%.3f", self.worker, self.ssid, self.start,
-                    next_position - self.start, seconds)  # fmt: skip
-
-
-async def _end_at_savepoint(peers: Peers | None, taking: _Snapshotting | None, final: int) -> None:
+async def _end_at_savepoint(peers: Peers | None, taking: SnapshotSide | None, final: int) -> None:
     """The sequencer's final epoch ran: wait until its snapshot is committed (worker 0 commits
     it and tells the others) and, in weak mode, the egress it held is released; then the
     worker stops, and a start after it replays nothing. The supervisor bounds the wait.
@@ -567,7 +474,7 @@ async def _end_at_savepoint(peers: Peers | None, taking: _Snapshotting | None, f
     logger.info("worker stops at a savepoint epoch=%d", final)
 
 
-def _check(peers: Peers | None, taking: _Snapshotting | None) -> None:
+def _check(peers: Peers | None, taking: SnapshotSide | None) -> None:
     """Fail now if a peer was lost (even while idle) or a snapshot thread failed."""
     if peers is not None and peers.failed.done():
         peers.failed.result()
@@ -583,184 +490,3 @@ def _follows(logged: LoggedEpoch, expected: int) -> int:
             epoch=logged.record.epoch, expected=expected, offset=logged.position,
         )  # fmt: skip
     return expected + 1
-
-
-class _InteriorTicker:
-    """Asks the sequencer for an epoch when interior transactions wait and the input is idle.
-
-    Interior transactions emitted in epoch e run at the start of e+1; the sequencer logs an
-    epoch only when something arrives. Worker 0 (every worker derives the same pending set)
-    sends one tick per epoch: a request with an empty handler name, which the sequencer turns
-    into an epoch without transactions.
-    """
-
-    def __init__(self, clients: KafkaClients, app: App, config: WorkerConfig) -> None:
-        self.enabled = config.worker == 0
-        self.after_s = config.interior_tick_ms / 1000
-        self.topic = app.topics.requests
-        self.clients = clients
-        self._producer: Any = None
-        self._last_epoch_at = time.monotonic()
-        self._ticked: int | None = None
-
-    def after_poll(self, got_epochs: bool, last_epoch: int, pending: bool) -> None:
-        now = time.monotonic()
-        if got_epochs:
-            self._last_epoch_at = now
-        if not (self.enabled and pending) or self._ticked == last_epoch:
-            return
-        if now - self._last_epoch_at < self.after_s:
-            return
-        if self._producer is None:
-            self._producer = self.clients.producer(**{"enable.idempotence": True})
-        self._producer.produce(self.topic, encode(ClientRequest.tick(last_epoch)))
-        self._producer.flush(10)
-        self._ticked = last_epoch
-
-    def close(self) -> None:
-        if self._producer is not None:
-            self._producer.flush(5)
-
-
-class _Snapshotting:
-    """This worker's side of snapshots: hand each cut to the writer thread, with the epochs
-    since the last one and what this worker's transactions did in them (it archives the
-    transactions it reported, with their outcomes, in ``commands``); on worker 0, also collect
-    every worker's part and commit (others send theirs over TCP). In weak mode, egress and dead
-    letters are held here until the snapshot that covers them commits, then released."""
-
-    def __init__(
-        self,
-        worker: Worker,
-        engine: Engine,
-        peers: Peers | None,
-        writers: dict[PartitionId, EgressWriter],
-    ) -> None:
-        assert worker.snapshots is not None
-        self.worker = worker
-        self.engine = engine
-        self.peers = peers
-        self.writers = writers
-        self.metrics = worker.metrics
-        self.committer: SnapshotCommitter | None = None
-        if worker.config.worker == 0:
-            self.committer = SnapshotCommitter(worker.snapshots, worker.config.workers,
-                                               self._committed)  # fmt: skip
-            engine.on_part = self.committer.receive
-        engine.on_committed = self.release
-        self.taker = SnapshotTaker(worker.snapshots, worker.config.worker, self._written)
-        self.last_epoch = 0
-        self._epochs: list[EpochRecord] = []  # the epochs since the last snapshot
-        self._held: list[OutboxRow] = []  # weak mode: egress since the last snapshot
-        self._holding: dict[int, list[OutboxRow]] = {}  # weak mode: per snapshot, until commit
-        self._releasing = asyncio.Lock()
-        self._tasks: set[asyncio.Future[None]] = set()
-        self._error: BaseException | None = None
-        self.committed_ssid = -1  # the latest snapshot known committed (worker 0 tells)
-
-    @property
-    def busy(self) -> bool:
-        """Frames or held egress still going out."""
-        return bool(self._tasks)
-
-    def archive(self, record: EpochRecord) -> None:
-        self._epochs.append(record)
-
-    def hold(self, logged: LoggedEpoch, result: EpochResult) -> None:
-        """Weak mode: this epoch's dead letters (on the worker of their partition) and egress
-        wait for the snapshot that covers it."""
-        app, epoch = self.worker.app, logged.record.epoch
-        if DEAD_LETTER_PARTITION in self.writers:
-            self._held += held_dead_letters(app, epoch, logged.dead)
-        for partition, outcomes in result.by_partition.items():
-            for outcome in outcomes:
-                for topic, value in egress_records(app, outcome):
-                    self._held.append(OutboxRow(epoch, partition, topic, value))
-
-    def take(self, logged: LoggedEpoch, changes: Sequence[Change], carried: list[Emitted]) -> None:
-        record, position = logged.record, logged.position + 1
-        self.last_epoch = record.epoch
-        archived, self._epochs = self._epochs, []
-        outbox, self._held = self._held, []
-        reported = self.engine.take_reported()
-        if self.worker.weak:
-            self._holding[record.epoch] = outbox
-        shares = {int(p): n for p, n in self.engine.store.actors.items()}
-        if self.committer is not None:
-            points = self.engine.ranges.recorded()
-
-            def head(part: SnapshotPart) -> SnapshotPart:
-                part = with_log_position(part, record, position, carried)
-                return msgspec.structs.replace(part, partition_actors=shares, points=points)
-
-            self.taker.take(record.epoch, changes, head, archived=archived, outbox=outbox,
-                            reported=reported)  # fmt: skip
-        else:
-
-            def share(part: SnapshotPart) -> SnapshotPart:
-                return msgspec.structs.replace(part, partition_actors=shares)
-
-            self.taker.take(record.epoch, changes, share, archived=archived, outbox=outbox,
-                            reported=reported)  # fmt: skip
-
-    def _written(self, part: SnapshotPart, seconds: float) -> None:
-        self.metrics.inc("epochal_snapshot_write_seconds_sum", seconds)
-        self.metrics.inc("epochal_snapshot_actors_total", part.changed)
-        self.metrics.inc("epochal_snapshot_bytes_total", sum(f.size for f in part.files))
-        if self.committer is not None:
-            self.committer.receive(part)
-        elif self.peers is not None:
-            self.peers.send(0, PartFrame(self.peers.generation, part))
-            self._spawn(self.peers.flush())
-
-    def _committed(self, manifest: Manifest, seconds: float) -> None:
-        self.metrics.inc("epochal_snapshots_total")
-        self.metrics.inc("epochal_snapshot_commit_seconds_sum", seconds)
-        self.metrics.set("epochal_snapshot_lag_epochs", self.last_epoch - manifest.ssid)
-        logger.info("snapshot committed ssid=%d actors=%s seconds=%.2f", manifest.ssid,
-                    manifest.actors, seconds)  # fmt: skip
-        if self.peers is not None:  # weak mode releases egress then; a stop ends at it
-            for peer in range(self.worker.config.workers):
-                if peer != self.worker.config.worker:
-                    self.peers.send(peer, CommittedFrame(self.peers.generation, manifest.ssid))
-            self._spawn(self.peers.flush())
-        self.release(manifest.ssid)
-
-    def release(self, ssid: int) -> None:
-        """Snapshot ``ssid`` committed: in weak mode, what it (and any before) held goes out,
-        in one Kafka transaction per partition, recording ``ssid + 1`` as released."""
-        self.committed_ssid = max(self.committed_ssid, ssid)
-        if not self.worker.weak:
-            return
-        ready = sorted(s for s in self._holding if s <= ssid)
-        rows = [row for s in ready for row in self._holding.pop(s)]
-        self._spawn(self._release(rows, ssid))
-
-    async def _release(self, rows: list[OutboxRow], ssid: int) -> None:
-        async with self._releasing:
-            for row in rows:
-                self.writers[PartitionId(row.partition)].add(row.topic, row.value, row.key)
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, _commit_all, self.writers, ssid + 1)
-
-    def _spawn(self, awaitable: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(awaitable)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Future[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self._error = self._error or task.exception()
-
-    def check(self) -> None:
-        if self._error is not None:
-            raise self._error
-        self.taker.check()
-        if self.committer is not None:
-            self.committer.check()
-
-    def close(self) -> None:
-        self.taker.close()
-        if self.committer is not None:
-            self.committer.close()

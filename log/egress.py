@@ -20,6 +20,7 @@ one layout to another).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException, Producer
@@ -28,12 +29,14 @@ from epochal.errors import LogError
 from epochal.log.client import KafkaClients, translate_kafka_error
 from epochal.log.topics import TopicNames
 from epochal.schemas.codec import decode, encode
+from epochal.schemas.commands import PartitionId
 from epochal.schemas.egress import EgressLayout, EgressPosition
 
 __all__ = [
     "POSITIONS_TOPIC_CONFIG",
     "EgressState",
     "EgressWriter",
+    "commit_all",
     "ensure_positions_topic",
     "read_egress_state",
     "write_layout",
@@ -181,3 +184,10 @@ class EgressWriter:
 
     def close(self) -> None:
         self._producer.flush(5)
+
+
+def commit_all(writers: Mapping[PartitionId, EgressWriter], next_position: int) -> None:
+    """Commit what each writer holds, recording ``next_position`` as released (blocks on
+    Kafka: run it off an event loop)."""
+    for writer in writers.values():
+        writer.commit(next_position)
