@@ -41,7 +41,7 @@ from epochal.log.ordering import Routed
 from epochal.log.topics import TopicNames
 from epochal.schemas.actor_schemas import RESERVED_COLUMNS
 from epochal.schemas.canonical import Codec, codec_for
-from epochal.schemas.codec import decode, encode
+from epochal.schemas.codec import Decoder, decode, encode
 from epochal.schemas.commands import ActorKey, KeyRef
 from epochal.schemas.egress import EgressFormat
 from epochal.schemas.egress_codec import EgressCodec, egress_codec
@@ -124,7 +124,7 @@ class App:
     """Made an :class:`EgressFormat` at construction; read :attr:`egress_codec` for its codec."""
     _egress_codec: EgressCodec | None = field(default=None, init=False, repr=False, compare=False)
     _topics: TopicNames | None = field(default=None, repr=False, compare=False)
-    _routes: dict[str, tuple[dict[type, Handler], Any]] = field(
+    _routes: dict[str, tuple[dict[type, Handler], Decoder[Any]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
     """Per input topic (full name): its handlers by event type and the type its records decode
@@ -367,15 +367,16 @@ class App:
         refs: set[KeyRef] = set()
         for cls, keys in handler.keys(event).items():
             actor_type = self.actor_type(cls)
+            name, key_type = actor_type.name, actor_type.key_type
             for key in keys:
-                if type(key) is not actor_type.key_type:
+                if type(key) is not key_type:
                     raise SchemaError(
-                        f"key {key!r} of {actor_type.name} has type {type(key).__name__}; "
-                        f"{actor_type.name} keys are {actor_type.key_type.__name__}",
+                        f"key {key!r} of {name} has type {type(key).__name__}; "
+                        f"{name} keys are {key_type.__name__}",
                         handler=handler.name,
                     )
-                refs.add(KeyRef(actor_type.name, key))
-        ordered = tuple(sorted(refs))
+                refs.add(KeyRef(name, key))
+        ordered = tuple(sorted(refs)) if len(refs) > 1 else tuple(refs)
         try:
             encode(ordered)  # in one call: the command log must hold every key
         except (OverflowError, UnicodeEncodeError):
@@ -398,10 +399,10 @@ class App:
                 raise SchemaError("no transaction reads this topic", topic=topic)
             types = tuple(h.event for h in handlers)
             union: Any = types[0] if len(types) == 1 else Union[types]  # noqa: UP007
-            route = self._routes[topic] = ({h.event: h for h in handlers}, union)
-        by_type, event_type = route
+            route = self._routes[topic] = ({h.event: h for h in handlers}, Decoder(union))
+        by_type, decoder = route
         try:
-            event = decode(value, event_type)
+            event = decoder(value)
         except SchemaError as exc:
             if len(by_type) == 1:
                 raise

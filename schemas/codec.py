@@ -7,19 +7,19 @@ per type: building one costs more than decoding a small record.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
 from epochal.errors import SchemaError
 
-__all__ = ["decode", "encode"]
+__all__ = ["Decoder", "decode", "encode"]
 
 T = TypeVar("T")
 
 _encoder = msgspec.msgpack.Encoder()
 _JSON_STARTS = frozenset(b"{[")
-_decoders: dict[Any, tuple[msgspec.msgpack.Decoder[Any], msgspec.json.Decoder[Any]]] = {}
+_decoders: dict[Any, Decoder[Any]] = {}
 
 
 def encode(record: object) -> bytes:
@@ -29,16 +29,30 @@ def encode(record: object) -> bytes:
 
 def decode(data: bytes, record_type: type[T]) -> T:
     """A record of ``record_type`` from msgpack or JSON bytes, or a SchemaError saying why not."""
-    decoders = _decoders.get(record_type)
-    if decoders is None:
-        decoders = (msgspec.msgpack.Decoder(record_type), msgspec.json.Decoder(record_type))
-        _decoders[record_type] = decoders
-    head = data.lstrip()[:1]
-    is_json = bool(head) and head[0] in _JSON_STARTS
-    try:
-        record: T = decoders[1].decode(data) if is_json else decoders[0].decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        kind = "JSON" if is_json else "msgpack"
-        name = getattr(record_type, "__name__", None) or str(record_type)  # unions have no name
-        raise SchemaError(f"not a valid {kind} {name}: {exc}", record_type=name) from exc
-    return record
+    decoder: Decoder[T] | None = _decoders.get(record_type)
+    if decoder is None:
+        decoder = _decoders[record_type] = Decoder(record_type)
+    return decoder(data)
+
+
+class Decoder(Generic[T]):
+    """:func:`decode` for one type, its decoders made once: what a hot loop holds on to (a
+    Union's hash, to look its decoders up, costs about as much as decoding a small record)."""
+
+    __slots__ = ("_json", "_msgpack", "_name")
+
+    def __init__(self, record_type: type[T]) -> None:
+        self._msgpack = msgspec.msgpack.Decoder(record_type)
+        self._json = msgspec.json.Decoder(record_type)
+        self._name = getattr(record_type, "__name__", None) or str(record_type)  # unions: none
+
+    def __call__(self, data: bytes) -> T:
+        head = data.lstrip()[:1]
+        is_json = bool(head) and head[0] in _JSON_STARTS
+        try:
+            record: T = self._json.decode(data) if is_json else self._msgpack.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            kind = "JSON" if is_json else "msgpack"
+            raise SchemaError(f"not a valid {kind} {self._name}: {exc}",
+                              record_type=self._name) from exc  # fmt: skip
+        return record
