@@ -29,7 +29,7 @@ from typing import Any, NoReturn, TypeVar
 import msgspec
 
 from epochal.actors.api import ActorType, App
-from epochal.actors.outcome import FATAL, Emitted, TxnOutcome
+from epochal.actors.outcome import FATAL, AbortKind, Emitted, TxnOutcome
 from epochal.actors.plan import EpochClock, Invocation
 from epochal.errors import EpochalError, SchemaError, TransactionAborted, describe_exception
 from epochal.schemas.codec import encode
@@ -81,7 +81,8 @@ class Context:
 
     __slots__ = (
         "_checked", "_invocation", "_keys", "_now_ms", "_reads", "_rng", "_seed", "_types",
-        "_views", "_written", "app", "egressed", "emitted", "epoch", "handler", "seq", "violation",
+        "_views", "_written", "app", "egressed", "emitted", "epoch", "handler", "seq", "violated",
+        "violation",
     )  # fmt: skip
 
     def __init__(
@@ -108,9 +109,11 @@ class Context:
         self.emitted: list[Emitted] = []
         self.egressed: list[tuple[str, bytes]] = []
         self.violation: str | None = None  # kept even if the handler swallows the exception
+        self.violated = AbortKind.RAISED  # the kind of ``violation``, once there is one
 
-    def _abort(self, reason: str) -> NoReturn:
-        self.violation = self.violation or reason
+    def _abort(self, kind: AbortKind, reason: str) -> NoReturn:
+        if self.violation is None:
+            self.violation, self.violated = reason, kind
         raise TransactionAborted(reason, handler=self.handler.name)
 
     # --- state ---------------------------------------------------------------------------
@@ -118,17 +121,21 @@ class Context:
     def _ref(self, cls: type, key: ActorKey) -> tuple[KeyRef, ActorType]:
         actor_type = self._types.get(cls)
         if actor_type is None:
-            self._abort(f"not an actor type: {getattr(cls, '__name__', cls)!r}")
+            self._abort(
+                AbortKind.ILL_TYPED, f"not an actor type: {getattr(cls, '__name__', cls)!r}"
+            )
         if type(key) is not actor_type.key_type:
             self._abort(
+                AbortKind.KEY_TYPE,
                 f"key {key!r} of {actor_type.name} has type {type(key).__name__}; "
-                f"{actor_type.name} keys are {actor_type.key_type.__name__}"
+                f"{actor_type.name} keys are {actor_type.key_type.__name__}",
             )
         ref = KeyRef(actor_type.name, key)
         if ref not in self._keys:
             self._abort(
+                AbortKind.UNDECLARED_KEY,
                 f"undeclared key {ref.actor_type}[{key!r}]: "
-                f"declare it in the keys of {self.handler.name}"
+                f"declare it in the keys of {self.handler.name}",
             )
         return ref, actor_type
 
@@ -152,7 +159,9 @@ class Context:
         try:
             data, checked = actor_type.codec.canonical(value)
         except SchemaError as exc:
-            self._abort(f"ill-typed value for {ref.actor_type}[{key!r}]: {exc.message}")
+            self._abort(
+                AbortKind.ILL_TYPED, f"ill-typed value for {ref.actor_type}[{key!r}]: {exc.message}"
+            )
         self._written[ref] = data
         self._checked[ref] = checked
         self._views.pop(ref, None)  # the next get sees what was put, not later changes
@@ -174,7 +183,10 @@ class Context:
         try:
             handler = self.app.handler_for_fn(fn)
         except EpochalError:
-            self._abort(f"ctx.call of {getattr(fn, '__name__', fn)!r}: not a registered handler")
+            self._abort(
+                AbortKind.UNKNOWN_HANDLER,
+                f"ctx.call of {getattr(fn, '__name__', fn)!r}: not a registered handler",
+            )
         saved = (dict(self._written), dict(self._checked), len(self.emitted), len(self.egressed))
         try:
             return handler.fn(self, event)
@@ -195,17 +207,25 @@ class Context:
         try:
             handler = self.app.interior_handler(event)
         except EpochalError:
-            self._abort(f"no transaction handles the emitted {type(event).__name__}")
+            self._abort(
+                AbortKind.UNKNOWN_HANDLER,
+                f"no transaction handles the emitted {type(event).__name__}",
+            )
         try:
             data, checked = handler.codec.canonical(event)
         except SchemaError as exc:
-            self._abort(f"ill-typed emitted {handler.event.__name__}: {exc.message}")
+            self._abort(
+                AbortKind.ILL_TYPED, f"ill-typed emitted {handler.event.__name__}: {exc.message}"
+            )
         try:
             keys = self.app.declared_keys(handler, checked)
         except FATAL:
             raise
         except BaseException as exc:
-            self._abort(f"key function of {handler.name} failed: {describe_exception(exc)}")
+            self._abort(
+                AbortKind.KEY_FUNCTION,
+                f"key function of {handler.name} failed: {describe_exception(exc)}",
+            )
         inv = self._invocation
         self.emitted.append(
             Emitted(
@@ -217,19 +237,25 @@ class Context:
     def egress(self, name: str, record: object) -> None:
         """Write ``record`` to ``<app>.out.<name>`` if, and when, this transaction commits."""
         if not (isinstance(name, str) and _valid_egress_name(name)):
-            self._abort(f"egress name {name!r} is not a valid topic name suffix")
+            self._abort(AbortKind.EGRESS, f"egress name {name!r} is not a valid topic name suffix")
         try:
             data = encode(record)
         except (TypeError, ValueError, OverflowError) as exc:
-            self._abort(f"egress record does not encode: {describe_exception(exc)}")
+            self._abort(
+                AbortKind.EGRESS, f"egress record does not encode: {describe_exception(exc)}"
+            )
         if len(data) > MAX_EGRESS_BYTES:
-            self._abort(f"egress record of {len(data)} bytes is over {MAX_EGRESS_BYTES}")
+            self._abort(
+                AbortKind.EGRESS, f"egress record of {len(data)} bytes is over {MAX_EGRESS_BYTES}"
+            )
         check = self.app.egress_codec.check_value
         if check is not None:  # a JSON app: one with no JSON form fails here, not in its writer
             try:
                 check(data)
             except (TypeError, ValueError) as exc:
-                self._abort(f"egress record has no JSON form: {describe_exception(exc)}")
+                self._abort(
+                    AbortKind.EGRESS, f"egress record has no JSON form: {describe_exception(exc)}"
+                )
         self.egressed.append((name, data))
 
     def now(self) -> int:
@@ -263,24 +289,31 @@ def run_transaction(
     inv = invocation
     if inv.error:
         return TxnOutcome(inv.epoch, inv.seq, inv.handler.name, False, _cut(inv.error),
-                          source=inv.source, request_id=inv.request_id)  # fmt: skip
+                          source=inv.source, request_id=inv.request_id,
+                          abort=inv.error_kind)  # fmt: skip
     client = inv.origin == Origin.CLIENT
     ctx = Context(app, inv, reads, clock)
     result = b""
+    raised = ""
     try:
         returned = inv.handler.fn(ctx, inv.event)
-        reason = ctx.violation or ctx.broken_constraint()
+        reason = ctx.violation
+        if reason is None and (reason := ctx.broken_constraint()) is not None:
+            ctx.violated = AbortKind.CONSTRAINT
         if client and returned is not None and reason is None:
             result, reason = _result_of(returned)
+            ctx.violated = AbortKind.RESULT
     except FATAL as exc:
         logger.error("%s", poison_line(inv, exc))
         CRASHED_AT.append(inv)  # the worker process reports it as it dies
         raise
     except BaseException as exc:  # handler code's exception, however odd: an abort
         reason = ctx.violation or describe_exception(exc)
+        raised = type(exc).__name__
     if reason is not None:
         return TxnOutcome(inv.epoch, inv.seq, inv.handler.name, False, _cut(reason),
-                          source=inv.source, request_id=inv.request_id, client=client)  # fmt: skip
+                          source=inv.source, request_id=inv.request_id, client=client,
+                          abort=ctx.violated, raised=raised)  # fmt: skip
     return TxnOutcome(
         inv.epoch, inv.seq, inv.handler.name, True, writes=ctx.writes(), emits=ctx.emitted,
         egress=ctx.egressed, source=inv.source, request_id=inv.request_id, client=client,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import msgspec
 
 from epochal.schemas.commands import InputPosition, KeyRef
 
-__all__ = ["FATAL", "Emitted", "TxnOutcome"]
+__all__ = ["FATAL", "AbortKind", "Emitted", "TxnOutcome"]
 
 # Failures of the process, never of a transaction: they must not become an abort on one
 # participant only, so they stop the worker and recovery takes over (docs/concepts.md).
@@ -16,6 +17,25 @@ __all__ = ["FATAL", "Emitted", "TxnOutcome"]
 FATAL: tuple[type[BaseException], ...] = (
     MemoryError, RecursionError, SystemError, KeyboardInterrupt,
 )  # fmt: skip
+
+
+class AbortKind(StrEnum):
+    """Why a transaction aborted, as data: a rule of the contract it broke, or ``RAISED``, its
+    handler's own exception. Each value is a label of ``epochal_aborts_total`` (a raised one is
+    labelled by the exception's type instead: the app's code chooses those, so the set of
+    labels stays small)."""
+
+    RAISED = "raised"
+    CONSTRAINT = "constraint"
+    UNDECLARED_KEY = "undeclared_key"
+    KEY_TYPE = "key_type"
+    KEY_FUNCTION = "key_function"
+    ILL_TYPED = "ill_typed"
+    UNKNOWN_HANDLER = "unknown_handler"
+    EGRESS = "egress"
+    RESULT = "result"
+    EVENT_DECODE = "event_decode"
+    SKIPPED = "skipped"
 
 
 class Emitted(msgspec.Struct, frozen=True, array_like=True):
@@ -43,7 +63,8 @@ class TxnOutcome:
     ``writes`` maps each written actor to its new state as canonical bytes, or None where it was
     deleted. ``source``/``request_id`` identify the input the transaction came from. A client
     transaction (``client``) is answered on ``<app>.replies`` with its outcome and ``result``,
-    the msgpack of what its handler returned.
+    the msgpack of what its handler returned. An aborted one says why in ``reason`` (for
+    people) and ``abort`` (as data; ``raised`` names the type of a handler's own exception).
     """
 
     epoch: int
@@ -58,3 +79,14 @@ class TxnOutcome:
     request_id: str = ""
     client: bool = False
     result: bytes = b""
+    abort: AbortKind | None = None
+    raised: str = ""
+
+    @property
+    def abort_label(self) -> str:
+        """The ``reason`` label of ``epochal_aborts_total`` ("" for a committed one)."""
+        if self.abort is None:
+            return ""
+        if self.abort is not AbortKind.RAISED:
+            return self.abort.value
+        return self.raised if self.raised.isidentifier() else "other"  # type("a b", ...) exists

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import msgspec
 
 from epochal.actors.api import App, Handler
-from epochal.actors.outcome import Emitted, TxnOutcome
+from epochal.actors.outcome import AbortKind, Emitted, TxnOutcome
 from epochal.errors import RecoveryError
 from epochal.schemas.commands import CommandTxn, EpochRecord, InputPosition, KeyRef, Origin
 
@@ -60,6 +60,7 @@ class Invocation:
     error: str = ""
     source: InputPosition | None = None
     request_id: str = ""
+    error_kind: AbortKind = AbortKind.EVENT_DECODE  # why it aborts as planned, with ``error``
 
 
 def emitted_by(outcomes: Iterable[TxnOutcome]) -> list[Emitted]:
@@ -123,9 +124,9 @@ def _invocation(
     """The invocation of a logged transaction, or of an interior one at ``seq``."""
     handler = _handler(app, txn.handler, epoch, seq)
     if seq in skipped:  # an operator sent it to the dead letters: it aborts as planned
-        event, error = None, skipped[seq]
-    else:
-        event, error = _decoded(handler, txn.event)
+        return Invocation(epoch, seq, handler, None, txn.keys, origin, skipped[seq], txn.source,
+                          txn.request_id, AbortKind.SKIPPED)  # fmt: skip
+    event, error = _decoded(handler, txn.event)
     return Invocation(epoch, seq, handler, event, txn.keys, origin, error, txn.source,
                       txn.request_id)  # fmt: skip
 

@@ -10,7 +10,7 @@ import pytest
 
 from epochal.actors.api import App
 from epochal.actors.context import Context, run_transaction
-from epochal.actors.outcome import TxnOutcome
+from epochal.actors.outcome import AbortKind, TxnOutcome
 from epochal.actors.plan import EpochClock, Invocation
 from epochal.schemas.canonical import decode_canonical, encode_canonical
 from epochal.schemas.commands import KeyRef, Origin
@@ -289,14 +289,44 @@ def test_now_and_random_are_fixed_by_epoch_seed_and_seq() -> None:
     assert first.tags == ["5000"]  # type: ignore[union-attr]
 
 
-def test_abort_reasons_fall_into_few_metric_labels() -> None:
-    from epochal.actors.outcome_metrics import abort_category
+@handler
+def undeclared(ctx: Context, e: Op) -> None:
+    ctx.get(Counter, e.key + "-other")
 
-    assert abort_category("constraint 'non-negative' violated by Counter['a']") == "constraint"
-    assert (
-        abort_category("undeclared key Account[3]: declare it in the keys of t") == "undeclared_key"
-    )
-    assert abort_category("key 1.0 of Slot has type float; Slot keys are int") == "key_type"
-    assert abort_category("ill-typed value for Counter['a']: Expected `int`") == "ill_typed"
-    assert abort_category("ValueError: transfer to itself") == "ValueError"
-    assert abort_category("a reason without a type") == "other"
+
+@handler
+def returns_unencodable(ctx: Context, e: Op) -> object:
+    return object()
+
+
+@pytest.mark.parametrize(
+    ("name", "delta", "kind", "label"),
+    [
+        ("add", -5, AbortKind.CONSTRAINT, "constraint"),
+        ("undeclared", 0, AbortKind.UNDECLARED_KEY, "undeclared_key"),
+        ("aliased_key", 0, AbortKind.KEY_TYPE, "key_type"),
+        ("ill_typed_int", 1, AbortKind.ILL_TYPED, "ill_typed"),  # swallowed: still the kind
+        ("emit_unknown", 0, AbortKind.UNKNOWN_HANDLER, "unknown_handler"),
+        ("egress_bad_name", 0, AbortKind.EGRESS, "egress"),
+        ("returns_unencodable", 0, AbortKind.RESULT, "result"),
+        ("fails_after_writing", 0, AbortKind.RAISED, "ValueError"),
+        ("raises_unprintable", 0, AbortKind.RAISED, "Unprintable"),
+        ("raises_system_exit", 0, AbortKind.RAISED, "SystemExit"),
+    ],
+)
+def test_each_abort_says_its_kind_as_data_and_its_metric_label(
+    name: str, delta: int, kind: AbortKind, label: str
+) -> None:
+    outcome = _run(name, Op("a", delta), {REF: Counter(n=1)})
+    assert not outcome.committed and outcome.reason
+    assert (outcome.abort, outcome.abort_label) == (kind, label), outcome.reason
+
+
+def test_a_committed_transaction_has_no_abort_label() -> None:
+    outcome = _run("add", Op("a", 1), {})
+    assert outcome.committed and outcome.abort is None and outcome.abort_label == ""
+
+
+def test_an_exception_type_that_is_no_identifier_is_labelled_other() -> None:
+    strange = TxnOutcome(1, 0, "t", False, "a b: no", abort=AbortKind.RAISED, raised="a b")
+    assert strange.abort_label == "other"

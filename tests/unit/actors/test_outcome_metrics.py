@@ -5,30 +5,38 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epochal.actors.outcome import TxnOutcome
-from epochal.actors.outcome_metrics import abort_category, count_outcomes
+from epochal.actors.outcome import AbortKind, TxnOutcome
+from epochal.actors.outcome_metrics import count_outcomes
 from epochal.metrics import Metrics
 
-REASONS = ["", "constraint 'x' violated by A['a']", "ValueError: no", "undeclared key A[1]: d"]
+ABORTS = [  # (reason, kind, raised); a committed transaction has none
+    ("", None, ""),
+    ("constraint 'x' violated by A['a']", AbortKind.CONSTRAINT, ""),
+    ("ValueError: no", AbortKind.RAISED, "ValueError"),
+    ("undeclared key A[1]: d", AbortKind.UNDECLARED_KEY, ""),
+]
 outcomes = st.lists(
-    st.tuples(st.sampled_from(["deposit", "transfer"]), st.sampled_from(REASONS)), max_size=30
+    st.tuples(st.sampled_from(["deposit", "transfer"]), st.sampled_from(ABORTS)), max_size=30
 )
 
 
 @given(st.lists(outcomes, max_size=4))
 def test_counting_per_epoch_equals_counting_each_transaction(
-    epochs: list[list[tuple[str, str]]],
+    epochs: list[list[tuple[str, tuple[str, AbortKind | None, str]]]],
 ) -> None:
     batched, single = Metrics(), Metrics()
     for epoch, spec in enumerate(epochs):
-        done = [TxnOutcome(epoch, seq, h, not r, r) for seq, (h, r) in enumerate(spec)]
+        done = [
+            TxnOutcome(epoch, seq, h, not r, r, abort=kind, raised=raised)
+            for seq, (h, (r, kind, raised)) in enumerate(spec)
+        ]
         count_outcomes(batched, done)
         for outcome in done:  # the reference: one series update per transaction
             kind = "committed" if outcome.committed else "aborted"
             single.inc("epochal_transactions_total", outcome=kind)
             if not outcome.committed:
                 single.inc("epochal_aborts_total", handler=outcome.handler,
-                           reason=abort_category(outcome.reason))  # fmt: skip
+                           reason=outcome.abort_label)  # fmt: skip
     assert _epochal(batched.render()) == _epochal(single.render())
 
 

@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from epochal.actors.engine import EpochResult, LocalEngine
+from epochal.actors.outcome import AbortKind
 from epochal.actors.plan import ensure_same_code, plan_epoch
 from epochal.errors import ConfigError, RecoveryError
 from epochal.log.amendments import Amendments, skipped_dead_letters
@@ -65,6 +66,7 @@ def test_a_skipped_transaction_aborts_as_planned_and_changes_nothing() -> None:
     assert digest == run(without)[0] != run(record)[0]
     (skipped,) = [o for o in result.outcomes if o.seq == 1]
     assert not skipped.committed and skipped.reason == SKIPPED_REASON
+    assert (skipped.abort, skipped.abort_label) == (AbortKind.SKIPPED, "skipped")
 
 
 def test_a_skipped_transaction_becomes_one_dead_letter_naming_its_input() -> None:
