@@ -302,7 +302,8 @@ def run_transaction(
             ctx.violated = AbortKind.CONSTRAINT
         if client and returned is not None and reason is None:
             result, reason = _result_of(returned)
-            ctx.violated = AbortKind.RESULT
+            if reason is not None:
+                ctx.violated = AbortKind.RESULT
     except FATAL as exc:
         logger.error("%s", poison_line(inv, exc))
         CRASHED_AT.append(inv)  # the worker process reports it as it dies
