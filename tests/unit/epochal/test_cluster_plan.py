@@ -3,6 +3,8 @@ whether ``epochal run``'s flags or Python code said it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from epochal import ClusterConfig, ConfigError, SnapshotConfig
@@ -76,3 +78,33 @@ def test_a_client_learns_what_it_was_not_told_from_the_cluster_config() -> None:
     told = QueryClient(app, "h:1", config=config, token="other", snapshots=None)
     assert (told.seeds, told.token, told.snapshot_source) == (["h:1"], "other", config.snapshots)
     assert QueryClient(app, (), config=config).seeds == []  # snapshots only
+
+
+def test_an_app_is_started_by_the_module_that_binds_it() -> None:
+    from epochal import App, ConfigError
+    from epochal.launch import app_spec
+    from examples.bank.app import app
+
+    assert app_spec(app) == "examples.bank.app:app"
+    with pytest.raises(ConfigError, match="top level of a module file"):
+        app_spec(App("nowhere"))  # bound by no module: the processes could not load it
+
+
+def test_an_app_defined_in_the_script_run_is_loaded_by_its_file_name(tmp_path: Path) -> None:
+    """``python tickets.py`` and ``python -m pkg.tickets``: never ``__main__``, which is another
+    module (and another code hash) in each process the cluster starts."""
+    import subprocess
+    import sys
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    script = ("from epochal import App\nfrom epochal.launch import app_spec\n"
+              "tickets = App('tickets')\nprint(app_spec(tickets))\n")  # fmt: skip
+    (tmp_path / "pkg" / "tickets.py").write_text(script)
+    as_file = [sys.executable, "pkg/tickets.py"]
+    as_module = [sys.executable, "-m", "pkg.tickets"]
+    said = [
+        subprocess.run(c, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+        for c in (as_file, as_module)
+    ]
+    assert said == ["tickets:tickets", "pkg.tickets:tickets"]
