@@ -79,6 +79,7 @@ from epochal.deploy import check_deploy
 from epochal.errors import BrokerUnavailableError, ConfigError, LogError, RecoveryError
 from epochal.log.amendments import ensure_amendments_topic
 from epochal.log.client import KafkaClients
+from epochal.log.command_log import KafkaCommandLog
 from epochal.log.egress import ensure_positions_topic, read_egress_state
 from epochal.log.membership import (
     GroupMember,
@@ -92,6 +93,7 @@ from epochal.log.membership import (
 )
 from epochal.log.sequencer_report import SequencerReport
 from epochal.log.status import StatusPublisher, ensure_status_topic
+from epochal.log.topics import TopicNames
 from epochal.metrics import Metrics, serve_metrics
 from epochal.poison import Cause, CrashLoop, FailedAt, crash_loop_line, failed_worker_file
 from epochal.recovery.layouts import (
@@ -424,9 +426,10 @@ class Supervisor:
         if sequencer is None or not sequencer.is_alive():
             self._not_a_savepoint("the sequencer was not running")
             return
+        log_end = self._log_end()
         sequencer.terminate()  # it logs the final epoch, then exits
         sequencer.join(max(0.0, deadline - time.monotonic()))
-        if sequencer.exitcode != 0:
+        if sequencer.exitcode != 0 and not self._final_epoch_after(log_end):
             self._not_a_savepoint(f"the sequencer did not log a final epoch within {timeout_s:g} s")
             return
         for worker in self.workers:
@@ -450,6 +453,28 @@ class Supervisor:
                 "stopped at a savepoint ssid=%d: a start after it replays nothing", manifest.ssid
             )
             self._record_stop(StopRecord(True, manifest.ssid))
+
+    def _log_end(self) -> int | None:
+        """The command log's end before a stop (None in weak mode, which has no log)."""
+        if self.config.sequencer.recovery == "weak":
+            return None
+        with contextlib.suppress(LogError, BrokerUnavailableError):
+            return KafkaClients(self.config.kafka).end_offset(TopicNames(self.app_name).command_log)
+        return None
+
+    def _final_epoch_after(self, log_end: int | None) -> bool:
+        """Whether the command log holds a final epoch logged after ``log_end``: a sequencer
+        that logged it may still be leaving the Kafka group when the stop's bound ends (a
+        frozen member slows that), and the workers can end on it all the same."""
+        if log_end is None:
+            return False
+        command_log = KafkaCommandLog(
+            KafkaClients(self.config.kafka), TopicNames(self.app_name).command_log
+        )
+        with contextlib.suppress(LogError, BrokerUnavailableError):
+            last = command_log.last_epoch(timeout_s=5.0)
+            return last is not None and last.record.final and last.position >= log_end
+        return False
 
     def _not_a_savepoint(self, why: str) -> None:
         manifest = self._latest_snapshot()
