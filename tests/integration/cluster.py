@@ -91,7 +91,11 @@ class Cluster:
         """
         layout = ["--workers", str(workers), "--partitions", str(partitions)] if workers else []
         workers = workers or default_workers()
-        port_base = free_ports(2 * workers + 1)  # peers, the feed (weak mode), query servers
+        ports = 2 * workers + 1  # peers, the feed (weak mode), query servers
+        metrics = range(metrics_port, metrics_port + workers + 2) if metrics_port else range(0)
+        port_base = free_ports(ports)
+        while set(metrics) & set(range(port_base, port_base + ports)):  # free, but not bound
+            port_base = free_ports(ports)  # yet: apart, or the run refuses to start
         self.query_base = port_base + workers + 1
         self.metrics_port = metrics_port
         command = [

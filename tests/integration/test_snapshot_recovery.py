@@ -44,6 +44,10 @@ def test_kill_9_of_a_worker_mid_snapshot_and_between_epochs_recovers_exactly(
     cluster.start(workers=2, partitions=4, extra=EVERY_EPOCH)
     cluster.produce(300, deposits=True)
     cluster.wait_for_egress()
+    # a snapshot before the first kill: on a loaded machine every kill can otherwise come
+    # before any commit, and no generation resumes from one
+    wait_until(lambda: "snapshot committed" in cluster.log(), 30, "no snapshot committed",
+               log=cluster.log)  # fmt: skip
     for kill in range(3):
         generation, before = cluster.generation(), _change_files(cluster)
         cluster.produce(600)
