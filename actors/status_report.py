@@ -7,14 +7,11 @@ Nothing here is called by the loop itself.
 
 from __future__ import annotations
 
-import os
-import socket
-import time
 from collections.abc import Callable
 
 from epochal.actors.partitioning import KeyRanges
 from epochal.config import WorkerConfig
-from epochal.log.status import Rates
+from epochal.log.status import ProcessIdentity, Rates
 from epochal.metrics import Metrics
 from epochal.schemas.commands import PartitionId
 from epochal.schemas.status import KeyRange, PartitionStatus, ProcessState, WorkerStatus
@@ -56,8 +53,7 @@ class WorkerReport:
         self.ranges = ranges
         self.partitions = partitions
         self.next_epoch = next_epoch
-        self.host = socket.gethostname()
-        self.started_ms = int(time.time() * 1000)
+        self.identity = ProcessIdentity()
         self.rates = Rates()
 
     def __call__(self, state: ProcessState = ProcessState.RUNNING) -> WorkerStatus:
@@ -68,13 +64,7 @@ class WorkerReport:
         rates = self.rates.of(epochs=epochs, transactions=committed + aborted)
         port = config.metrics_port + config.worker if config.metrics_port else 0
         return WorkerStatus(
-            run_id=config.run_id,
-            generation=config.generation,
-            pid=os.getpid(),
-            host=self.host,
-            time_ms=int(time.time() * 1000),
-            started_ms=self.started_ms,
-            state=state,
+            **self.identity.fields(config.run_id, config.generation, state),
             worker=config.worker,
             partitions=tuple(
                 PartitionStatus(

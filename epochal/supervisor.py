@@ -47,7 +47,6 @@ import multiprocessing
 import os
 import secrets
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -92,7 +91,7 @@ from epochal.log.membership import (
     Role,
 )
 from epochal.log.sequencer_report import SequencerReport
-from epochal.log.status import StatusPublisher, ensure_status_topic
+from epochal.log.status import ProcessIdentity, StatusPublisher, ensure_status_topic
 from epochal.log.topics import TopicNames
 from epochal.metrics import Metrics, serve_metrics
 from epochal.poison import Cause, CrashLoop, FailedAt, crash_loop_line, failed_worker_file
@@ -343,7 +342,7 @@ class Supervisor:
         self.metrics.set("epochal_broker_available", 1.0)
         self.rollbacks = 0  # failures rolled back in this run (a rebalance is not one)
         self._ready = 0  # the last generation said to be ready
-        self.started_ms = int(time.time() * 1000)
+        self.identity = ProcessIdentity()  # its host and start, for its status records
         self.status: StatusPublisher | None = None  # once the topics exist
 
     def run(self) -> int:
@@ -836,13 +835,7 @@ class Supervisor:
         port = config.metrics_port
         sequencer = self.sequencer
         return SupervisorStatus(
-            run_id=self.run_id,
-            generation=self.generation,
-            pid=os.getpid(),
-            host=socket.gethostname(),
-            time_ms=int(time.time() * 1000),
-            started_ms=self.started_ms,
-            state=state,
+            **self.identity.fields(self.run_id, self.generation, state),
             workers=config.worker.workers,
             partitions=self.layout.partitions if self.layout else config.worker.partitions,
             recovery=config.sequencer.recovery,

@@ -6,12 +6,8 @@ input lag it measured after that epoch (a dict the loop replaces whole, never mu
 
 from __future__ import annotations
 
-import os
-import socket
-import time
-
 from epochal.log.sequencer import Sequencer
-from epochal.log.status import Rates
+from epochal.log.status import ProcessIdentity, Rates
 from epochal.schemas.status import ProcessState, SequencerStatus
 
 __all__ = ["SequencerReport"]
@@ -26,8 +22,7 @@ class SequencerReport:
     def __init__(self, sequencer: Sequencer, run_id: str) -> None:
         self.sequencer = sequencer
         self.run_id = run_id
-        self.host = socket.gethostname()
-        self.started_ms = int(time.time() * 1000)
+        self.identity = ProcessIdentity()
         self.rates = Rates()
 
     def __call__(self, state: ProcessState = ProcessState.RUNNING) -> SequencerStatus:
@@ -37,13 +32,7 @@ class SequencerReport:
         transactions = int(metrics.get("epochal_sequenced_total"))
         rates = self.rates.of(epochs=epochs, transactions=transactions)
         return SequencerStatus(
-            run_id=self.run_id,
-            generation=config.generation,
-            pid=os.getpid(),
-            host=self.host,
-            time_ms=int(time.time() * 1000),
-            started_ms=self.started_ms,
-            state=state,
+            **self.identity.fields(self.run_id, config.generation, state),
             epoch=sequencer.last_epoch,
             epochs=epochs,
             transactions=transactions,

@@ -13,10 +13,13 @@ status page starts its charts from.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
@@ -24,11 +27,12 @@ from epochal.errors import BrokerUnavailableError, LogError, SchemaError
 from epochal.log.client import KafkaClients
 from epochal.log.topics import TopicNames
 from epochal.schemas.codec import decode, encode
-from epochal.schemas.status import AnyStatus, ProcessStatus
+from epochal.schemas.status import AnyStatus, ProcessState, ProcessStatus
 
 __all__ = [
     "STATUS_INTERVAL_S",
     "STATUS_TOPIC_CONFIG",
+    "ProcessIdentity",
     "Rates",
     "StatusPublisher",
     "StatusReader",
@@ -53,6 +57,27 @@ _PRODUCER = {
 
 def ensure_status_topic(clients: KafkaClients, app: str) -> None:
     clients.create_topics([TopicNames(app).status], partitions=1, config=STATUS_TOPIC_CONFIG)
+
+
+class ProcessIdentity:
+    """Who writes a status record, fixed when the process starts reporting: its host and start
+    time; :meth:`fields` are the fields every record (``ProcessStatus``) begins with."""
+
+    def __init__(self) -> None:
+        self.host = socket.gethostname()
+        self.started_ms = int(time.time() * 1000)
+
+    def fields(self, run_id: str, generation: int, state: ProcessState) -> dict[str, Any]:
+        """The common fields of a record made now."""
+        return {
+            "run_id": run_id,
+            "generation": generation,
+            "pid": os.getpid(),
+            "host": self.host,
+            "time_ms": int(time.time() * 1000),
+            "started_ms": self.started_ms,
+            "state": state,
+        }
 
 
 class Rates:
