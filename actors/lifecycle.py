@@ -132,7 +132,8 @@ def is_title_of(title: str, app: str) -> bool:
     >>> is_title_of("epochal: worker 1 of bank2 (generation 3)", "bank")
     False
     """
-    pattern = rf"epochal: (supervisor|sequencer|watch|worker \d+) of {re.escape(app)}"
+    roles = r"supervisor|sequencer|watch|worker \d+|snapshots of worker \d+"
+    pattern = rf"epochal: ({roles}) of {re.escape(app)}"
     return re.fullmatch(rf"{pattern}( \(generation \d+\))?", title) is not None
 
 

@@ -4,7 +4,9 @@ At the end of an epoch the sequencer marked, every worker takes the changes of i
 since the last snapshot (O(changed actors), on the event loop: :meth:`Engine.run_epoch`), and
 :class:`SnapshotTaker` has them written off the loop, on a thread. The written part goes to
 worker 0, whose :class:`SnapshotCommitter` commits the snapshot, on a thread of its own, once
-every worker's part is in. Epochs go on meanwhile: a snapshot never stalls the loop.
+every worker's part is in. Epochs go on meanwhile: a snapshot never stalls the loop. In a
+cluster both threads only wait: the work itself is done by the worker's snapshot process
+(:mod:`epochal.actors.snapshot_process`), outside its GIL.
 
 Where snapshots are stored is a :class:`Snapshots` (``recovery/`` keeps them in Delta Lake);
 the engine never needs to know. With each part goes what the worker's transactions did since the

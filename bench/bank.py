@@ -8,7 +8,7 @@ the first one); each configuration runs ``--repeats`` times, interleaved, and th
 reported, with the rollbacks each run needed (its last generation - 1) and the peak memory
 (RSS) of its supervisor, sequencer and workers, sampled every second. The CPU time each role
 used during the drain (``/proc/<pid>/stat``, user + system, sampled every 0.1 s: the
-sequencer, each worker with its snapshot threads, the supervisor and the local broker) is
+sequencer, each worker, each worker's snapshot process, the supervisor and the local broker) is
 reported per transfer, in microseconds: a measure far steadier than the wall-clock rate. The
 window is the drain's (first egress record to last), except for the sequencer, which runs
 ahead of the workers: its window starts when its first epoch is logged.
@@ -141,6 +141,14 @@ def _cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime: fields 14 and 15
 
 
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started (Linux), none once it is gone."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 class RssSampler(threading.Thread):
     """Samples a run's processes (from its status file, or ``pids``: a baseline's one process):
     their RSS every ``interval_s`` (the peak per role, and the whole series) and their CPU time
@@ -177,7 +185,11 @@ class RssSampler(threading.Thread):
         self.generation = int(status.get("generation", 0))
         roles = {"supervisor": status["supervisor"], "sequencer": status["sequencer"]}
         roles |= {f"worker{w}": pid for w, pid in enumerate(status["workers"])}
-        return {role: int(pid) for role, pid in roles.items() if pid}
+        roles = {role: int(pid) for role, pid in roles.items() if pid}
+        for w, pid in enumerate(status["workers"]):  # each worker's snapshot process
+            for child in _children(int(pid)) if pid else ():
+                roles[f"snapshots{w}"] = child
+        return roles
 
     def run(self) -> None:
         started = next_rss = time.monotonic()

@@ -1,0 +1,269 @@
+"""Snapshot parts written, and snapshots committed, in a process of their own beside a worker.
+
+Building a part (the Parquet of the changed actors, the ``commands`` archive's rows: an event
+rendered as JSON and a canonical transaction per row) is Python work, and on a thread of the
+worker it took the GIL from the epoch loop for a third of the worker's time. In a process forked
+from the worker before any of its threads start, the same :class:`Snapshots` does that work
+on the other core (the worker pins itself to one CPU only after the fork), and the worker hands
+it each cut as one msgpack message: a few hundred nanoseconds a transaction, where building the
+rows cost several microseconds.
+
+The process serves two lanes, each a socket with a thread at either end: the parts
+(:meth:`ForkedSnapshots.write`, from the worker's snapshot-writer thread) and the commits
+(``ensure_tables``, ``commit``, ``retain``, from worker 0's committer), so a long commit never
+holds back the next part, as with the two threads before. Reading a snapshot back (``restore``,
+``outbox``) stays in the worker: it happens at start, before anything is written.
+
+The process dies with the worker (``PR_SET_PDEATHSIG``), and leaves on its own when the worker
+closes the lanes; it ignores SIGINT and SIGTERM, which are for its worker (a Ctrl-C stops the
+worker at a savepoint, and the savepoint's part is written here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import socket
+import threading
+import traceback
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any, TypeVar
+
+import msgspec
+
+from epochal.actors.lifecycle import die_with_parent, set_title
+from epochal.actors.snapshots import Reported, Restored, Snapshots
+from epochal.actors.store import Change
+from epochal.schemas.commands import EpochRecord
+from epochal.schemas.snapshots import Manifest, OutboxRow, SnapshotPart
+
+__all__ = ["ForkedSnapshots", "SnapshotProcessError"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class SnapshotProcessError(RuntimeError):
+    """The snapshot process is gone (killed, out of memory), or failed in a way that cannot
+    be carried back as the exception it raised."""
+
+
+class _Write(msgspec.Struct, tag="write", frozen=True):
+    ssid: int
+    worker: int
+    changes: list[Change]
+    commands: list[EpochRecord]
+    outbox: list[OutboxRow]
+    reported: list[Reported]
+    archived: list[EpochRecord]
+
+
+class _EnsureTables(msgspec.Struct, tag="ensure_tables", frozen=True):
+    code_hash: str
+
+
+class _Commit(msgspec.Struct, tag="commit", frozen=True):
+    parts: list[SnapshotPart]
+    epoch: int
+
+
+class _Retain(msgspec.Struct, tag="retain", frozen=True):
+    latest: Manifest
+
+
+_Call = _Write | _EnsureTables | _Commit | _Retain
+_OK, _RAISED = b"\x00", b"\x01"
+
+
+class ForkedSnapshots:
+    """``snapshots``, with its writes and commits run by a forked process.
+
+    Create it before the worker's Kafka clients or Arrow start threads: the fork copies only
+    the calling thread, and a lock another thread held at that moment would stay held in the
+    child for ever.
+    """
+
+    def __init__(self, snapshots: Snapshots, title: str) -> None:
+        if _native_threads():
+            raise RuntimeError("fork the snapshot process before a Kafka client or Arrow starts")
+        self.snapshots = snapshots
+        ends = [socket.socketpair() for _ in range(2)]
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the child: serve until the worker closes the lanes, then leave
+            for mine, _ in ends:
+                mine.close()
+            lanes = [Connection(theirs.detach()) for _, theirs in ends]
+            _serve(snapshots, lanes, parent, title)
+        for _, theirs in ends:
+            theirs.close()
+        self.pid = pid
+        self._parts, self._commits = (_Lane(Connection(mine.detach()), pid) for mine, _ in ends)
+
+    # --- run here: reading back, at start -------------------------------------------------
+
+    def restore(self) -> Restored | None:
+        return self.snapshots.restore()
+
+    def outbox(
+        self, manifest: Manifest, partitions: Sequence[int], from_epoch: int
+    ) -> list[OutboxRow]:
+        return self.snapshots.outbox(manifest, partitions, from_epoch)
+
+    # --- run there ---------------------------------------------------------------------------
+
+    def ensure_tables(self, code_hash: str) -> None:
+        self._commits.call(_EnsureTables(code_hash), None)
+
+    def write(
+        self,
+        ssid: int,
+        worker: int,
+        changes: Sequence[Change],
+        *,
+        commands: Sequence[EpochRecord] = (),
+        outbox: Sequence[OutboxRow] = (),
+        reported: Sequence[Reported] = (),
+        archived: Sequence[EpochRecord] = (),
+    ) -> SnapshotPart:
+        call = _Write(
+            ssid,
+            worker,
+            list(changes),
+            list(commands),
+            list(outbox),
+            list(reported),
+            list(archived),
+        )
+        return self._parts.call(call, SnapshotPart)
+
+    def commit(self, parts: Sequence[SnapshotPart], epoch: int) -> Manifest:
+        return self._commits.call(_Commit(list(parts), epoch), Manifest)
+
+    def retain(self, latest: Manifest) -> None:
+        self._commits.call(_Retain(latest), None)
+
+    def close(self) -> None:
+        """Close the lanes (the process leaves once it has answered what it was doing) and
+        reap it."""
+        self._parts.close()
+        self._commits.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+class _Lane:
+    """One caller's socket to the process: a call is one message each way."""
+
+    def __init__(self, connection: Connection, pid: int) -> None:
+        self.connection = connection
+        self.pid = pid
+        self._lock = threading.Lock()
+        self._encoder = msgspec.msgpack.Encoder()
+
+    def call(self, call: _Call, returns: type[T] | None) -> T:
+        message = self._encoder.encode(call)
+        with self._lock:
+            try:
+                self.connection.send_bytes(message)
+                answer = self.connection.recv_bytes()
+            except (EOFError, OSError) as exc:
+                raise SnapshotProcessError(
+                    f"the snapshot process (pid {self.pid}) is gone: {exc or 'it closed its end'}"
+                ) from exc
+        if answer[:1] == _RAISED:
+            raise pickle.loads(answer[1:])
+        return msgspec.msgpack.decode(answer[1:], type=returns)
+
+    def close(self) -> None:
+        with self._lock:
+            self.connection.close()
+
+
+def _serve(snapshots: Snapshots, lanes: list[Connection], parent: int, title: str) -> None:
+    """The child's life: a thread per lane, each answering its calls in order; leave (without
+    running anything the worker would at exit) once both lanes are closed."""
+    code = 0
+    try:
+        die_with_parent(parent)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        set_title(title)
+        threads = [
+            threading.Thread(target=_answer, args=(snapshots, lane), name=f"lane-{i}")
+            for i, lane in enumerate(lanes)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        logger.exception("the snapshot process failed")
+        code = 1
+    finally:
+        logging.shutdown()
+        os._exit(code)
+
+
+def _answer(snapshots: Snapshots, lane: Connection) -> None:
+    decoder = msgspec.msgpack.Decoder(_Call)
+    encoder = msgspec.msgpack.Encoder()
+    while True:
+        try:
+            message = lane.recv_bytes()
+        except (EOFError, OSError):
+            return
+        try:
+            result = _run(snapshots, decoder.decode(message))
+            answer = _OK + encoder.encode(result)
+        except Exception as exc:  # carried back: the worker raises it where it waits
+            exc.add_note("in the snapshot process:\n" + traceback.format_exc().rstrip())
+            answer = _RAISED + _pickled(exc)
+        try:
+            lane.send_bytes(answer)
+        except OSError:
+            return
+
+
+def _run(snapshots: Snapshots, call: _Call) -> Any:
+    match call:
+        case _Write():
+            return snapshots.write(
+                call.ssid,
+                call.worker,
+                call.changes,
+                commands=call.commands,
+                outbox=call.outbox,
+                reported=call.reported,
+                archived=call.archived,
+            )
+        case _EnsureTables():
+            return snapshots.ensure_tables(call.code_hash)
+        case _Commit():
+            return snapshots.commit(call.parts, call.epoch)
+        case _Retain():
+            return snapshots.retain(call.latest)
+
+
+def _native_threads() -> int:
+    """Threads of this process that Python did not start (a Kafka client's, Arrow's): their
+    locks are what a fork could copy held (Python re-creates its own after a fork, logging's
+    included). 0 where ``/proc`` cannot tell."""
+    try:
+        return len(os.listdir("/proc/self/task")) - threading.active_count()
+    except OSError:
+        return 0
+
+
+def _pickled(exc: Exception) -> bytes:
+    """``exc`` as the worker will raise it, or, if it does not pickle, what it said."""
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+        return data
+    except Exception:
+        return pickle.dumps(SnapshotProcessError(f"{type(exc).__name__}: {exc}"))

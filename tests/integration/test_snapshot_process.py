@@ -1,0 +1,157 @@
+"""The snapshot process beside each worker (``actors/snapshot_process.py``), over real Delta
+tables: snapshots written and committed through it equal the serial oracle and restore whole;
+an error there is raised in the worker as what it was; it ignores the signals meant for its
+worker, dies with it, leaves when closed, and a process gone is named, not waited on.
+
+Each case runs in a process forked by the fork server workers come from: the fork is refused
+once Arrow or a Kafka client has started threads, as they have in pytest's process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import pytest
+
+from epochal.actors.lifecycle import process_title
+from epochal.supervisor import _children_context
+from tests.integration.test_snapshots import _log
+
+pytestmark = pytest.mark.integration
+
+_WORKERS = _children_context()
+_TITLE = "epochal: snapshots of worker 0 of forked-test"
+
+
+def _forked_snapshots(warehouse: str):  # type: ignore[no-untyped-def]
+    from epochal.actors.snapshot_process import ForkedSnapshots
+    from epochal.config import SnapshotConfig
+    from epochal.recovery.snapshots import DeltaSnapshots
+    from tests.unit.actors.workload import app
+
+    config = SnapshotConfig(warehouse, keep=0)
+    return ForkedSnapshots(DeltaSnapshots(app, config, partitions=4), _TITLE)
+
+
+def _snapshot_all(warehouse: str, answer: Connection) -> None:
+    """Run the log, snapshotting through the process; answer what a worker would see."""
+    from epochal.actors.engine import Engine
+    from epochal.actors.snapshots import with_log_position
+    from epochal.actors.store import Change
+    from epochal.schemas.commands import KeyRef, PartitionId
+    from tests.unit.actors.workload import app
+
+    forked = _forked_snapshots(warehouse)
+    forked.ensure_tables(app.code_hash())
+    engine = Engine(app, 4, snapshots=True)
+    digests = {}
+    for position, record in enumerate(_log()):
+        result = asyncio.run(engine.run_epoch(record))
+        if result.changes is not None:
+            part = forked.write(record.epoch, 0, result.changes)
+            part = with_log_position(part, record, position + 1, engine.carried)
+            manifest = forked.commit([part], record.epoch)
+            forked.retain(manifest)
+            digests[manifest.ssid] = manifest.digest
+    restored = forked.restore()
+    title = process_title(forked.pid)
+    os.kill(forked.pid, signal.SIGINT)  # a Ctrl-C reaches the worker's whole process group
+    os.kill(forked.pid, signal.SIGTERM)
+    time.sleep(0.2)
+    unknown = Change(KeyRef("NoSuchActor", 1), PartitionId(0), None, b"\x01")
+    try:
+        forked.write(99, 0, [unknown])
+        raised = ""
+    except KeyError as exc:  # the process's own exception, with where it was raised
+        raised = "".join(getattr(exc, "__notes__", []))
+    pid = forked.pid
+    forked.close()
+    answer.send(
+        {
+            "digests": digests,
+            "restored": restored.manifest.ssid if restored else None,
+            "title": title,
+            "raised": raised,
+            "closed": process_title(pid),
+        }
+    )
+
+
+def _killed_process(warehouse: str, answer: Connection) -> None:
+    from epochal.actors.snapshot_process import SnapshotProcessError
+
+    forked = _forked_snapshots(warehouse)
+    os.kill(forked.pid, signal.SIGKILL)
+    os.waitpid(forked.pid, 0)
+    try:
+        forked.ensure_tables("x")
+        answer.send("")
+    except SnapshotProcessError as exc:
+        answer.send(str(exc))
+
+
+def _orphaned(warehouse: str, answer: Connection) -> None:
+    forked = _forked_snapshots(warehouse)  # kept: dropping it closes the lanes
+    answer.send(forked.pid)
+    time.sleep(60)  # killed by the test
+
+
+def _in_a_process(target, warehouse: Path):  # type: ignore[no-untyped-def]
+    ours, theirs = _WORKERS.Pipe()
+    process = _WORKERS.Process(target=target, args=(str(warehouse), theirs))
+    process.start()
+    deadline = time.monotonic() + 120
+    while not ours.poll(0.1):
+        assert process.is_alive() and time.monotonic() < deadline, "the case answered nothing"
+    return process, ours.recv()
+
+
+def test_snapshots_through_the_process_equal_the_oracle_and_its_errors_come_back(
+    tmp_path: Path,
+) -> None:
+    from epochal.actors.oracle import SerialOracle
+    from tests.unit.actors.workload import app
+
+    records = _log()
+    expected = {r.epoch: r.digest for r in SerialOracle(app).run(records)}
+    process, seen = _in_a_process(_snapshot_all, tmp_path / "warehouse")
+    process.join(30)
+    assert process.exitcode == 0
+    assert sorted(seen["digests"]) == [2, 5, 8, 11]
+    assert all(digest == expected[ssid] for ssid, digest in seen["digests"].items())
+    assert seen["restored"] == 11
+    assert seen["title"] == _TITLE  # and it took no notice of SIGINT and SIGTERM
+    assert "in the snapshot process" in seen["raised"] and "NoSuchActor" in seen["raised"]
+    assert seen["closed"] is None  # gone once closed, and reaped
+
+
+def test_a_snapshot_process_that_is_gone_is_named(tmp_path: Path) -> None:
+    process, said = _in_a_process(_killed_process, tmp_path / "warehouse")
+    process.join(30)
+    assert said.startswith("the snapshot process (pid ") and "is gone" in said
+
+
+def test_the_snapshot_process_dies_with_its_worker(tmp_path: Path) -> None:
+    process, pid = _in_a_process(_orphaned, tmp_path / "warehouse")
+    assert _title_within(pid, 10) == _TITLE  # it titles itself once it runs
+    os.kill(pid, signal.SIGSTOP)  # as if in the middle of a commit: it would never read EOF
+    try:
+        process.kill()
+        process.join(30)
+        assert _title_within(pid, 10, until=None) is None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _title_within(pid: int, seconds: float, until: str | None = _TITLE) -> str | None:
+    """``pid``'s title once it is ``until``, or what it is after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while process_title(pid) != until and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return process_title(pid)
