@@ -37,8 +37,8 @@ import msgspec
 
 from epochal.actors.lifecycle import die_with_parent, set_title
 from epochal.actors.snapshots import Reported, Restored, Snapshots
-from epochal.actors.store import Change
-from epochal.schemas.commands import EpochRecord
+from epochal.actors.store import Change, ChangedSince
+from epochal.schemas.commands import EpochRecord, KeyRef, PartitionId
 from epochal.schemas.snapshots import Manifest, OutboxRow, SnapshotPart
 
 __all__ = ["ForkedSnapshots", "SnapshotProcessError"]
@@ -53,8 +53,14 @@ class SnapshotProcessError(RuntimeError):
 
 
 class _Write(msgspec.Struct, tag="write", frozen=True):
+    """A part to write. The changes come as they were handed over: a :class:`ChangedSince`'s
+    versions (comparing them, a Python loop over every changed actor, happens there) or, from
+    any other sequence, the changes themselves."""
+
     ssid: int
     worker: int
+    versions: list[tuple[KeyRef, list[tuple[int, bytes | None]]]]
+    partition_of: list[tuple[KeyRef, PartitionId]]
     changes: list[Change]
     commands: list[EpochRecord]
     outbox: list[OutboxRow]
@@ -130,10 +136,20 @@ class ForkedSnapshots:
         reported: Sequence[Reported] = (),
         archived: Sequence[EpochRecord] = (),
     ) -> SnapshotPart:
+        versions: list[tuple[KeyRef, list[tuple[int, bytes | None]]]] = []
+        partition_of: list[tuple[KeyRef, PartitionId]] = []
+        listed: list[Change] = []
+        if isinstance(changes, ChangedSince):  # as lists: encoded without a Python loop
+            kept, partitions = changes.kept
+            versions, partition_of = list(kept.items()), list(partitions.items())
+        else:
+            listed = list(changes)
         call = _Write(
             ssid,
             worker,
-            list(changes),
+            versions,
+            partition_of,
+            listed,
             list(commands),
             list(outbox),
             list(reported),
@@ -232,10 +248,13 @@ def _answer(snapshots: Snapshots, lane: Connection) -> None:
 def _run(snapshots: Snapshots, call: _Call) -> Any:
     match call:
         case _Write():
+            changes: Sequence[Change] = call.changes
+            if call.versions:
+                changes = ChangedSince(dict(call.versions), dict(call.partition_of))
             return snapshots.write(
                 call.ssid,
                 call.worker,
-                call.changes,
+                changes,
                 commands=call.commands,
                 outbox=call.outbox,
                 reported=call.reported,

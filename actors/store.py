@@ -61,6 +61,12 @@ class ChangedSince(Sequence[Change]):
         self._versions = versions  # no longer the store's: nothing changes them any more
         self._partition_of = partition_of
 
+    @property
+    def kept(self) -> tuple[dict[KeyRef, list[_Version]], dict[KeyRef, PartitionId]]:
+        """The versions it is made of and their actors' partitions, to make it again in another
+        process (the snapshot process) without walking them here."""
+        return self._versions, self._partition_of
+
     @functools.cached_property
     def _changes(self) -> list[Change]:
         partition_of = self._partition_of
