@@ -47,6 +47,7 @@ from epochal.actors.outcome_metrics import count_outcomes
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import ensure_same_code
 from epochal.actors.query_server import QueryServer, describe_query_metrics
+from epochal.actors.snapshot_process import ForkedSnapshots
 from epochal.actors.snapshot_side import SnapshotSide
 from epochal.actors.snapshots import (
     Snapshots,
@@ -130,6 +131,8 @@ class Worker:
         )
         if config.query:
             describe_query_metrics(self.metrics)
+        if isinstance(snapshots, ForkedSnapshots):
+            self.metrics.watch_process(snapshots.pid, "epochal_snapshots")
         self.status: StatusPublisher | None = None  # started once the worker knows its layout
         self.report: WorkerReport | None = None
 

@@ -44,6 +44,11 @@ class Metrics:
         self.registry.register(_Collected(self))
         ProcessCollector(registry=self.registry)
 
+    def watch_process(self, pid: int, namespace: str) -> None:
+        """Serve another process's CPU seconds, resident memory and open files as well, as
+        ``<namespace>_process_*`` (a worker's snapshot process: it serves no port of its own)."""
+        ProcessCollector(namespace=namespace, pid=lambda: pid, registry=self.registry)
+
     def describe(self, name: str, kind: str, text: str) -> None:
         """Say what ``name`` is (``counter`` or ``gauge``) for its ``# HELP`` and ``# TYPE``."""
         self._help[name] = (kind, text)

@@ -3,6 +3,8 @@ served over HTTP, and a port taken named as such."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -40,6 +42,20 @@ def test_counters_and_gauges_render_in_prometheus_text_format_with_labels() -> N
     assert samples["epochal_input_lag", base] == 7
     assert samples["epochal_epoch_seconds_sum", base] == 0.25
     assert samples["process_resident_memory_bytes", ()] > 0  # the library's process metrics
+
+
+def test_another_process_is_served_under_its_namespace() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        metrics = Metrics(app="bank", worker="0")
+        metrics.watch_process(child.pid, "epochal_snapshots")
+        samples = _samples(metrics.render())
+        ours = samples["process_resident_memory_bytes", ()]
+        theirs = samples["epochal_snapshots_process_resident_memory_bytes", ()]
+        assert theirs > 0 and theirs != ours  # read from the child's /proc, not from ours
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_series_missing_a_label_others_have_gets_it_empty() -> None:
