@@ -41,7 +41,7 @@ from epochal.actors.store import Change, ChangedSince
 from epochal.schemas.commands import EpochRecord, KeyRef, PartitionId
 from epochal.schemas.snapshots import Manifest, OutboxRow, SnapshotPart
 
-__all__ = ["ForkedSnapshots", "SnapshotProcessError"]
+__all__ = ["ForkedSnapshots", "SnapshotProcessError", "snapshots_beside"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -83,6 +83,21 @@ class _Retain(msgspec.Struct, tag="retain", frozen=True):
 
 _Call = _Write | _EnsureTables | _Commit | _Retain
 _OK, _RAISED = b"\x00", b"\x01"
+
+
+def snapshots_beside(snapshots: Snapshots, title: str) -> Snapshots:
+    """``snapshots`` run by a process of their own, or, where the fork is not safe (the app
+    started threads of its own when it was imported: numpy's, say), by the worker's threads,
+    as said in one warning."""
+    threads = _native_threads()
+    if threads:
+        logger.warning(
+            "snapshots are written by threads of the worker, not by a process of their own: "
+            "%d threads that Python did not start run in it (the app's imports started them), "
+            "and a fork could copy a lock one of them holds", threads,
+        )  # fmt: skip
+        return snapshots
+    return ForkedSnapshots(snapshots, title)
 
 
 class ForkedSnapshots:

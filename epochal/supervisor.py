@@ -250,7 +250,8 @@ def _worker_main(config: ClusterPlan, worker: WorkerConfig, parent: int) -> None
     child_logging()
     app = load_app(config.app_spec, config.app_name)
     from epochal.actors.context import CRASHED_AT
-    from epochal.actors.snapshot_process import ForkedSnapshots
+    from epochal.actors.snapshot_process import ForkedSnapshots, snapshots_beside
+    from epochal.actors.snapshots import Snapshots
     from epochal.actors.watchdog import Hang, HangWatch
 
     record = failed_worker_file(config.run_dir, app.name, worker.worker)
@@ -267,25 +268,24 @@ def _worker_main(config: ClusterPlan, worker: WorkerConfig, parent: int) -> None
             sys.stderr.flush()
             os._exit(EXIT_HUNG)
 
-    snapshots = _snapshots(config, app)
-    forked = None
-    if snapshots is not None:  # before Kafka clients or Arrow start threads
+    snapshots: Snapshots | None = _snapshots(config, app)
+    if snapshots is not None:  # before Kafka clients start threads
         title = f"epochal: snapshots of worker {worker.worker} of {app.name}"
-        forked = ForkedSnapshots(snapshots, f"{title} (generation {worker.generation})")
+        snapshots = snapshots_beside(snapshots, f"{title} (generation {worker.generation})")
     watch = HangWatch(config.failure.hang_bound_ms, hung)
     watch.start()
     try:
         with _child_failures(
             f"worker {worker.worker}", _unrecoverable_file(config, app.name), stop
         ):
-            Worker(app, worker, config.kafka, forked).run(stop)
+            Worker(app, worker, config.kafka, snapshots).run(stop)
     finally:
         watch.stop()
-        if forked is not None:
-            forked.close()
         if CRASHED_AT:  # a handler stopped this worker: where, for the next generation
             failed = FailedAt.of(CRASHED_AT[0], worker.generation, worker.worker, Cause.CRASH)
             failed.write(record)
+        if isinstance(snapshots, ForkedSnapshots):
+            snapshots.close()
 
 
 def _frozen(processes: list[BaseProcess], indexes: list[int]) -> str:

@@ -28,14 +28,22 @@ _WORKERS = _children_context()
 _TITLE = "epochal: snapshots of worker 0 of forked-test"
 
 
-def _forked_snapshots(warehouse: str):  # type: ignore[no-untyped-def]
-    from epochal.actors.snapshot_process import ForkedSnapshots
+def _beside(warehouse: str):  # type: ignore[no-untyped-def]
+    from epochal.actors.snapshot_process import snapshots_beside
     from epochal.config import SnapshotConfig
     from epochal.recovery.snapshots import DeltaSnapshots
     from tests.unit.actors.workload import app
 
     config = SnapshotConfig(warehouse, keep=0)
-    return ForkedSnapshots(DeltaSnapshots(app, config, partitions=4), _TITLE)
+    return snapshots_beside(DeltaSnapshots(app, config, partitions=4), _TITLE)
+
+
+def _forked_snapshots(warehouse: str):  # type: ignore[no-untyped-def]
+    from epochal.actors.snapshot_process import ForkedSnapshots
+
+    forked = _beside(warehouse)
+    assert isinstance(forked, ForkedSnapshots)
+    return forked
 
 
 def _snapshot_all(warehouse: str, answer: Connection) -> None:
@@ -95,6 +103,14 @@ def _killed_process(warehouse: str, answer: Connection) -> None:
         answer.send(str(exc))
 
 
+def _after_a_kafka_client(warehouse: str, answer: Connection) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": "127.0.0.1:9", "client.id": "threads"})
+    answer.send(type(_beside(warehouse)).__name__)  # librdkafka's threads run by now
+    producer.flush(0)
+
+
 def _orphaned(warehouse: str, answer: Connection) -> None:
     forked = _forked_snapshots(warehouse)  # kept: dropping it closes the lanes
     answer.send(forked.pid)
@@ -134,6 +150,14 @@ def test_a_snapshot_process_that_is_gone_is_named(tmp_path: Path) -> None:
     process, said = _in_a_process(_killed_process, tmp_path / "warehouse")
     process.join(30)
     assert said.startswith("the snapshot process (pid ") and "is gone" in said
+
+
+def test_a_worker_whose_app_started_threads_writes_snapshots_on_its_own_threads(
+    tmp_path: Path,
+) -> None:
+    process, chosen = _in_a_process(_after_a_kafka_client, tmp_path / "warehouse")
+    process.join(30)
+    assert chosen == "DeltaSnapshots"  # no fork beside threads that could hold a lock
 
 
 def test_the_snapshot_process_dies_with_its_worker(tmp_path: Path) -> None:
