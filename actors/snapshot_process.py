@@ -3,7 +3,7 @@
 Building a part (the Parquet of the changed actors, the ``commands`` archive's rows: an event
 rendered as JSON and a canonical transaction per row) is Python work, and on a thread of the
 worker it took the GIL from the epoch loop for a third of the worker's time. In a process forked
-from the worker before any of its threads start, the same :class:`Snapshots` does that work
+from the worker before its Kafka clients start threads, the same :class:`Snapshots` does that work
 on the other core (the worker pins itself to one CPU only after the fork), and the worker hands
 it each cut as one msgpack message: a few hundred nanoseconds a transaction, where building the
 rows cost several microseconds.
@@ -94,8 +94,9 @@ def snapshots_beside(snapshots: Snapshots, title: str) -> Snapshots:
         logger.warning(
             "snapshots are written by threads of the worker, not by a process of their own: "
             "%d threads that Python did not start run in it (the app's imports started them), "
-            "and a fork could copy a lock one of them holds", threads,
-        )  # fmt: skip
+            "and a fork could copy a lock one of them holds",
+            threads,
+        )
         return snapshots
     return ForkedSnapshots(snapshots, title)
 
