@@ -14,6 +14,9 @@ app's ``Receipt``, msgpack) to ``--output``: one output record per transfer, lik
 egress. Records that fail the app's schema (bad key, amount <= 0) are skipped and counted: the
 app would send them to its dead letters.
 
+``workload``: a benchmark workload's rules in plain Python (``bench.workloads``, ``--workload``):
+each input record's egress, if it has one, goes to ``--output`` + its egress name.
+
 ``pipe``: the stateless exactly-once pipe: every input record, deposits included, goes to
 ``--output`` unchanged (value and key). Its unit is the record, not the transfer: a backlog of
 D deposits and T transfers comes out as D + T records, and ``bench.bank`` counts all of them.
@@ -53,6 +56,8 @@ from confluent_kafka import (
 )
 
 # the app's own schema: records are checked on decode as the app's sequencer checks them
+from bench.workloads import WORKLOADS
+from bench.workloads.base import Plain
 from examples.bank.app import Deposit, Receipt, Transfer
 
 __all__ = [
@@ -64,6 +69,7 @@ __all__ = [
     "exactly_once",
     "main",
     "plain_bank",
+    "plain_workload",
     "stateless_pipe",
 ]
 
@@ -276,12 +282,48 @@ def stateless_pipe(
     )
 
 
+def plain_workload(
+    bootstrap: str,
+    input_topic: str,
+    plain: Plain,
+    prefix: str,
+    *,
+    transactional_id: str,
+    group: str,
+    stop: threading.Event,
+    batch: int = BATCH,
+) -> Plain:
+    """Run a workload's plain rules (``bench.workloads``) until ``stop`` is set: each record's
+    egress goes to ``<prefix><egress name>``, keyed as its input; returns the rules, with their
+    final state."""
+    topic = input_topic.rpartition(".in.")[2]
+
+    def apply(messages: list[Message], emit: Emit) -> None:
+        for message in messages:
+            out = plain(topic, message.value() or b"")
+            if out is not None:
+                emit(prefix + out[0], out[1], message.key())
+
+    exactly_once(
+        bootstrap,
+        input_topic,
+        apply,
+        transactional_id=transactional_id,
+        group=group,
+        stop=stop,
+        batch=batch,
+    )
+    return plain
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["bank", "pipe"])
+    parser.add_argument("kind", choices=["bank", "pipe", "workload"])
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), help="its rules (kind workload)")
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--input", required=True, help="input topic (Deposit/Transfer msgpack)")
-    parser.add_argument("--output", required=True, help="receipts (bank) or copies (pipe)")
+    parser.add_argument("--output", required=True, help="receipts (bank), copies (pipe), or the "
+                        "prefix of the workload's egress topics (<app>.out.)")  # fmt: skip
     parser.add_argument("--errors", help="the bank's abort reports (default: --output)")
     parser.add_argument("--transactional-id", help="default: <input>.plain-<kind>")
     parser.add_argument("--group", help="consumer group for the offsets (default: as above)")
@@ -312,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
             args.bootstrap, args.input, args.output, args.errors or args.output, **common
         )
         done = f"{len(bank.balances)} accounts, {bank.invalid} invalid records skipped"
+    elif args.kind == "workload":
+        plain = WORKLOADS[args.workload]().plain()
+        plain_workload(args.bootstrap, args.input, plain, args.output, **common)
+        done = f"{len(plain.state)} keys"
     else:
         done = f"{stateless_pipe(args.bootstrap, args.input, args.output, **common)} records"
     print(f"{args.kind}: {done} in {time.monotonic() - started:.1f} s", file=sys.stderr)

@@ -54,14 +54,13 @@ from rich.table import Table
 from bench.bank import (
     ROOT,
     EgressWatcher,
-    Setup,
-    _Cluster,
     console,
     feed_at_rate,
     percentiles,
     produce,
     produce_events,
 )
+from bench.processes import ClusterProcess, Setup, cpu_s
 from bench.query_load import LEVELS, Cell, CellResult, Target, client_process
 from epochal.config import (
     CacheConfig,
@@ -82,7 +81,6 @@ NOTE = (
     "what the servers could give"
 )
 WORKERS = 2
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 # --- the cluster, and what its processes use --------------------------------------------------
@@ -107,7 +105,7 @@ class CpuSampler(threading.Thread):
                 status = json.loads(self.status_file.read_text())
                 pids |= {"sequencer": status["sequencer"]}
                 pids |= {f"worker{w}": pid for w, pid in enumerate(status["workers"])}
-            sample = {role: _cpu_s(int(pid)) for role, pid in pids.items() if pid}
+            sample = {role: cpu_s(int(pid)) or 0.0 for role, pid in pids.items() if pid}
             sample |= _machine()
             self.samples.append((time.time() * 1000, sample))
 
@@ -128,14 +126,6 @@ class CpuSampler(threading.Thread):
         return shares
 
 
-def _cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
-
-
 def _machine() -> dict[str, float]:
     jiffies = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = jiffies[3] + jiffies[4]  # idle + iowait
@@ -146,7 +136,7 @@ def _machine() -> dict[str, float]:
 def cluster(name: str, bootstrap: str, query_port: int, pids: dict[str, int]) -> Iterator[Any]:
     """``epochal run examples.bank.app:app`` on 2 workers with queries on ``query_port`` + w
     (its peers 10 ports up), CPU sampled; stopped (and its run dir removed) on the way out."""
-    run = _Cluster(Setup(ROOT, WORKERS), name, bootstrap, query_port + 10)
+    run = ClusterProcess(Setup(ROOT, WORKERS), name, bootstrap, query_port + 10)
     run.command += ["--query-port", str(query_port)]
     sampler = CpuSampler(run.run_dir / name / "processes.json", pids)
     try:
@@ -580,9 +570,9 @@ def _run(args: argparse.Namespace, bootstrap: str, query: Cell | None) -> dict[s
     return report | steady(args, bootstrap, index, rate)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.transfers <= 0 and args.load_rate is None:
         parser.error("without peak runs (--transfers 0), give --load-rate")
     query = _drain_query(parser, args)

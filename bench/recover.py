@@ -358,7 +358,7 @@ def _report(results: list[dict[str, Any]], args: argparse.Namespace) -> int:
     return 0 if agree else 1
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transactions", type=int, default=1_000_000)
     parser.add_argument("--accounts", type=int, default=100_000)
@@ -368,7 +368,7 @@ def main() -> int:
     parser.add_argument("--masters", nargs="+", default=["local[1]", "local[2]"])
     parser.add_argument("--port", type=int, default=39392, help="port of the local broker")
     parser.add_argument("--out", default="bench/results", help="where the JSON and PNG go")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     cache = CacheConfig(cache_dir_from_env())
     jars = fetch_jars(cache, JarSet.KAFKA_BROKER)

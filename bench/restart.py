@@ -51,12 +51,12 @@ from rich.table import Table
 from bench.bank import (
     ROOT,
     EgressWatcher,
-    count_egress,
     feed_at_rate,
-    plot_bars,
     produce,
     produce_events,
 )
+from bench.processes import count_egress
+from bench.report import plot_bars
 from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, cache_dir_from_env
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.client import KafkaClients
@@ -359,7 +359,7 @@ def _panels(report: dict[str, Any]) -> list[tuple[str, str, dict[str, float]]]:
     return panels  # fmt: skip
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", choices=["restart", "kill"],
                         default=["restart", "kill"])  # fmt: skip
@@ -378,7 +378,7 @@ def main() -> int:
                         help="metrics from here, worker ports from here + 10")  # fmt: skip
     parser.add_argument("--bootstrap", help="an existing broker (default: a local one)")
     parser.add_argument("--out", default="bench/results", help="where the JSON and PNG go")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     broker = None
     bootstrap = args.bootstrap
     if bootstrap is None:

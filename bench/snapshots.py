@@ -253,14 +253,14 @@ def _plot(results: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--actors", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--changed", type=float, nargs="+", default=[0.01, 1.0],
                         help="share of the actors changed since the previous snapshot")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3, help="snapshots measured (median)")
     parser.add_argument("--out", default="bench/results", help="where the JSON and PNG go")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="epochal-bench-snapshots-"))
     results = []
     try:

@@ -27,7 +27,8 @@ from confluent_kafka import Producer
 from rich.console import Console
 from rich.table import Table
 
-from bench.bank import ROOT, RssSampler
+from bench.bank import ROOT
+from bench.processes import RssSampler
 from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, cache_dir_from_env
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.client import KafkaClients

@@ -51,6 +51,7 @@ from epochal.recovery.log_tables import (
     COMMANDS_SCHEMA,
     OUTBOX_SCHEMA,
     commands_table,
+    epochs_of,
     interior_table,
     outbox_table,
     outcomes_of,
@@ -259,6 +260,12 @@ class DeltaSnapshots:
         """The newest complete snapshot's manifest row, or None before the first."""
         manifests = self.manifests()
         return manifests[-1] if manifests else None
+
+    def archived_epochs(self, manifest: Manifest) -> list[EpochRecord]:
+        """Every epoch up to ``manifest``'s, as its ``commands`` archive holds them: the
+        command log the serial oracle needs to check a snapshot, after retention trimmed it."""
+        commands = self._table(self.warehouse.log("commands"), manifest.log_versions["commands"])
+        return epochs_of(commands.to_pyarrow_table())
 
     # --- a worker's part ------------------------------------------------------------------
 

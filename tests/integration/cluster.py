@@ -28,7 +28,6 @@ from epochal.config import SnapshotConfig
 from epochal.errors import LogError
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import KafkaCommandLog
-from epochal.recovery.log_tables import epochs_of
 from epochal.recovery.snapshots import DeltaSnapshots
 from epochal.schemas.codec import decode
 from epochal.schemas.commands import DeadLetter, EpochRecord
@@ -243,11 +242,8 @@ class Cluster:
             return [e.record for e in log.epochs(to_end=True)]
         snapshots = self.snapshots()
         latest = snapshots.manifests()[-1]
-        archive = snapshots._table(
-            snapshots.warehouse.log("commands"), latest.log_versions["commands"]
-        ).to_pyarrow_table()
         after = log.epochs(latest.command_log_position, to_end=True)
-        return [*epochs_of(archive), *(e.record for e in after)]
+        return [*snapshots.archived_epochs(latest), *(e.record for e in after)]
 
     def check_against_the_oracle(self) -> list[EgressRecord]:
         """Each input sequenced once (or a dead letter), timestamps unique and increasing, each
