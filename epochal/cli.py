@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import logging
 import os
 import sys
@@ -750,6 +751,21 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(_cache(args), _broker(args), Path(args.warehouse), console)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    """The benchmarks live beside the package in a checkout (``bench/``), not in a wheel."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "bench" / "cli.py").is_file():
+        raise ConfigError(
+            "epochal bench runs from a checkout of epochal (its bench/ folder is not "
+            "installed): clone the repository and run it from there",
+            looked_in=str(root),
+        )
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    bench: Any = importlib.import_module("bench.cli")
+    return int(bench.main(args.arguments))
+
+
 def _positive(text: str) -> int:
     """A count of processes or partitions: 0 or less is a usage error, not a default."""
     try:
@@ -955,7 +971,7 @@ _DESCRIPTION = (
     "Transactional stream processing with queryable state: run an app on Kafka (run, stop, "
     "skip), see where it stands (status), look at its snapshots and history (snapshots, "
     "replay, sql), recover it with Spark (recover), and a local broker and jars for "
-    "development (kafka, jars, demo)."
+    "development (kafka, jars, demo); benchmarks from a checkout (bench)."
 )
 
 
@@ -1020,6 +1036,14 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--warehouse", default="warehouse", help="Delta warehouse root")
     broker_flags(demo)
     demo.set_defaults(handler=_demo)
+
+    bench = commands.add_parser(
+        "bench",
+        help="benchmarks (from a checkout of epochal): epochal bench --help lists them",
+        add_help=False,
+    )
+    bench.add_argument("arguments", nargs=argparse.REMAINDER, help="a benchmark and its flags")
+    bench.set_defaults(handler=_bench)
     for command in commands.choices.values():
         command.formatter_class = _ShowDefaults
     return parser
@@ -1047,8 +1071,12 @@ def _with_fixed_hash_seed(argv: Sequence[str] | None) -> None:
 def main(argv: Sequence[str] | None = None, *, exit_at_once: bool = False) -> int:
     """Run one command; its exit code. ``exit_at_once`` (the console script) ends a command
     that used Arrow without the interpreter's teardown (:func:`_exit_now`)."""
-    args = _parser().parse_args(argv)
-    if args.command in ("replay", "recover", "demo"):
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["bench"]:  # its flags are the benchmark's (argparse would take --help)
+        args = argparse.Namespace(command="bench", verbose=0, arguments=words[1:], handler=_bench)
+    else:
+        args = _parser().parse_args(argv)
+    if args.command in ("replay", "recover", "demo", "bench"):
         _with_fixed_hash_seed(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     if args.command == "run":  # the supervisor logs as its children do (and tells them how)
@@ -1076,7 +1104,7 @@ def entry() -> None:
 
 # Commands that read Delta tables through pyarrow and delta-rs in this process.
 _ARROW_COMMANDS = frozenset(
-    {"run", "snapshots", "replay", "recover", "sql", "skip", "stop", "status"}
+    {"run", "snapshots", "replay", "recover", "sql", "skip", "stop", "status", "bench"}
 )
 
 

@@ -55,6 +55,7 @@ RUN = {
     'epochal sql "SELECT * FROM commands WHERE NOT committed" bank --format json',
     'epochal sql "SELECT _key, balance FROM account" examples.bank.app:app --format csv',
     "epochal sql --stop-server",
+    "epochal bench all --quick",
 }
 # Synopses (placeholders) run with the example app put in; the others are --help checked only.
 RUN_AS = {
@@ -129,7 +130,13 @@ class User:
     def argv(self, command: str) -> list[str]:
         assert command in RUN or command in RUN_AS.values(), command
         words = shlex.split(command.replace("127.0.0.1:9092", self.bootstrap))
-        talks_to_kafka = words[0] == "python" or words[1] in ("run", "replay", "recover", "status")
+        talks_to_kafka = words[0] == "python" or words[1] in (
+            "run",
+            "replay",
+            "recover",
+            "status",
+            "bench",
+        )
         if talks_to_kafka and "--bootstrap" not in words:
             words += ["--bootstrap", self.bootstrap]
         if words[0] == "python":
@@ -293,6 +300,26 @@ def test_the_readme_runs_as_written(user: User, kafka: KafkaClients) -> None:
     assert report["state"] == "running" and len(report["workers"]) == 2, report
     assert user.stop(again) == 0, user.log(1)
     assert "Traceback" not in user.log(1), user.log(1)
+
+
+def test_every_benchmark_workload_runs_quick_and_equals_the_serial_oracle(user: User) -> None:
+    """``epochal bench all --quick`` from an empty directory: each workload's app drains its
+    backlog on a real cluster, stops at a savepoint equal to the serial oracle over its own
+    command log, and leaves its result (with the machine and commit) in ./bench/results."""
+    from bench.workloads import WORKLOADS
+
+    out = user.run("epochal bench all --quick", timeout_s=600)
+    checked = re.findall(r"checked \(1 worker\(s\)\): savepoint at epoch \d+ = the serial", out)
+    assert len(checked) == len(WORKLOADS), out
+    results = sorted((user.cwd / "bench" / "results").glob("*.json"))
+    reports = {
+        json.loads(path.read_text())["workload"]: json.loads(path.read_text()) for path in results
+    }
+    assert set(reports) == set(WORKLOADS), results
+    for report in reports.values():
+        (run,) = report["results"]
+        assert run["transactions"] == 2_000 and run["rollbacks"] == 0, run
+        assert "worker0" in run["cpu_us_per_tx"] and report["machine"]["cpus"] >= 1, report
 
 
 def _service_commands() -> list[list[str]]:
