@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if name == "tstream" and rest:  # ``tstream gs`` as the paper names it
         name, rest = f"tstream-{rest[0]}", rest[1:]
     if name in OWN_FLAGS:
+        sys.argv[0] = f"epochal bench {name}"  # what its usage line says it is
         return OWN_FLAGS[name](rest)
     if name == "all":
         kinds = list(WORKLOADS.values())
