@@ -55,19 +55,18 @@ import os
 import platform
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import Producer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from bench.open_loop import EgressWatcher, feed_at_rate, percentiles
 from bench.processes import (
     ClusterProcess,
     MeasuredProcess,
@@ -79,9 +78,8 @@ from bench.processes import (
 from bench.report import plot_bars
 from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, cache_dir_from_env
 from epochal.jvm import JarSet, fetch_jars
-from epochal.log.client import KafkaClients, arrived
+from epochal.log.client import KafkaClients
 from epochal.log.local_broker import LocalBroker
-from examples.bank.app import app as bank_app
 from examples.bank.producer import Deposit, Transfer, events
 
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -123,7 +121,7 @@ def run_once(
         cluster.sampler.log_end = lambda: end_offset(clients, f"{name}.cmd")
         clients.create_topics([f"{name}.out.receipts", f"{name}.out.errors"])
         with Progress(console=console, transient=True) as progress:
-            first, last = count_egress(clients, name, transfers, progress)
+            first, last = count_egress(clients, name, transfers, progress, process=cluster)
         time.sleep(2 * cluster.sampler.cpu_interval_s)  # a CPU sample after the last egress
         cpu = cluster.sampler.cpu_between(first, last)
     return {
@@ -173,7 +171,7 @@ def run_baseline(
     expected = transfers if kind == "bank" else accounts + transfers
     with _Baseline(kind, name, bootstrap, broker_pid) as baseline:
         with Progress(console=console, transient=True) as progress:
-            first, last = count_egress(clients, name, expected, progress)
+            first, last = count_egress(clients, name, expected, progress, process=baseline)
         time.sleep(2 * baseline.sampler.cpu_interval_s)  # a CPU sample after the last egress
         cpu = baseline.sampler.cpu_between(first, last)
     return {
@@ -196,79 +194,6 @@ def run_baseline(
 
 
 # --- steady rate: latency -----------------------------------------------------------------
-
-
-def feed_at_rate(
-    bootstrap: str,
-    topic: str,
-    source: Any,
-    rate: int,
-    seconds: float,
-    *,
-    stamps: dict[int, int],
-    stop: threading.Event | None = None,
-) -> int:
-    """Transfers from ``source`` at ``rate`` per second, in bursts every 10 ms, for ``seconds``
-    or until ``stop`` is set; returns how many were sent, and fills ``stamps`` with each one's
-    offset and Kafka timestamp (from the delivery reports: the input topics may be trimmed
-    behind the snapshots before anyone could read them back)."""
-
-    def delivered(error: Any, message: Any) -> None:
-        if error is None:
-            stamps[message.offset()] = message.timestamp()[1]
-
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
-    sent, started, tick = 0, time.monotonic(), 0
-    while (elapsed := time.monotonic() - started) < seconds and not (stop and stop.is_set()):
-        due = int(rate * min(elapsed + 0.01, seconds)) - sent
-        for _ in range(due):
-            producer.produce(topic, msgspec.msgpack.encode(next(source)), on_delivery=delivered)
-        sent += max(0, due)
-        producer.poll(0)
-        tick += 1
-        time.sleep(max(0.0, started + tick * 0.01 - time.monotonic()))
-    assert producer.flush(60) == 0
-    return sent
-
-
-class EgressWatcher(threading.Thread):
-    """Reads the egress as it comes (``read_committed``): per input offset, the egress
-    record's timestamp and when it was seen (both ms since the epoch)."""
-
-    def __init__(self, clients: KafkaClients, name: str) -> None:
-        super().__init__(daemon=True)
-        self.consumer = clients.consumer(**{
-            "isolation.level": "read_committed", "group.id": f"{name}.bench",
-            "fetch.wait.max.ms": 5,
-        })  # fmt: skip
-        topics = [f"{name}.out.{t}" for t in ("receipts", "errors")]
-        self.consumer.assign([TopicPartition(t, 0, 0) for t in topics])
-        self.out: dict[int, tuple[int, float]] = {}
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        read = bank_app.egress_codec.read_record  # in the format of the app the bench runs
-        while not self.stopping.is_set():
-            for message in arrived(self.consumer, 10_000, 0.05):
-                if message.error() is not None:
-                    continue
-                seen = time.time() * 1000
-                record = read(message.value() or b"")
-                if record.source is not None:
-                    self.out[record.source.offset] = (message.timestamp()[1], seen)
-        self.consumer.close()
-
-
-def percentiles(values: Sequence[float]) -> dict[str, float]:
-    """p50, p99 and max of ``values`` (NaN when there are none)."""
-    ordered = sorted(values)
-    if not ordered:
-        return {"p50": float("nan"), "p99": float("nan"), "max": float("nan")}
-    return {
-        "p50": ordered[int(0.50 * len(ordered))],
-        "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-        "max": ordered[-1],
-    }
 
 
 def run_steady(

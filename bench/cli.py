@@ -34,12 +34,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench import bank, queries, recover, restart, snapshots
+from bench import bank, benchmarks_md, queries, recover, restart, snapshots
 from bench.drain import ROOT, CheckFailed, drain_baseline, drain_cluster
 from bench.processes import Setup
 from bench.report import machine, plot_bars, write_result
+from bench.steady import search_sustainable, steady_run
 from bench.workloads import WORKLOADS
 from bench.workloads.base import Workload
+from bench.workloads.ycsbt import YcsbT
 from epochal.config import CacheConfig, LocalBrokerConfig, cache_dir_from_env
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.local_broker import LocalBroker
@@ -64,11 +66,17 @@ per second, ratios, CPU microseconds per transaction by role, peak memory. Their
 flags: epochal bench ycsbt --help. bank, queries, recovery, restart and snapshots keep flags of
 their own.
 
+--rate N adds open-loop runs at N transactions per second (latency p50/p99/p99.9 from the
+input record's timestamp to its egress record's); --rate search raises the rate by half each
+phase until p99 passes 20 times the unloaded p99 or the egress falls behind.
+
 --quick is a smoke run for correctness: 2,000 transactions, 1 worker, once, no baselines, and
-each run checked against the serial oracle. Results go to bench/results/ (JSON and PNG).
+each run checked against the serial oracle. Results go to bench/results/ (JSON and PNG);
+epochal bench all, without --quick, also writes BENCHMARKS.md.
 
   epochal bench ycsbt --zipf 0.99 --multi-partition 0.25
   epochal bench tstream gs --read-ratio 0.8
+  epochal bench leaderboard --rate search
   epochal bench all --quick"""
 BASELINES = ("workload", "pipe")
 
@@ -86,6 +94,7 @@ def _workload_parser(kind: type[Workload]) -> argparse.ArgumentParser:
             default=field.default,
             help=f"a parameter of {kind.name}",
         )
+    parser.add_argument("--sweep", metavar="FIELD=V1,V2", help="run once per value of a parameter")
     common_flags(parser)
     return parser
 
@@ -113,14 +122,26 @@ def common_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="also drain with the plain-Python baselines (default: not --quick)",
     )
+    parser.add_argument(
+        "--rate",
+        help="also open-loop runs at this many transactions/s (latency p50/p99/p99.9), or "
+        "'search': raise the rate until p99 passes 20x the unloaded p99 or the egress falls behind",
+    )
+    parser.add_argument("--seconds", type=float, default=30, help="of an open-loop run")
+    parser.add_argument("--warmup", type=float, default=3, help="seconds not counted")
+    parser.add_argument("--phase-seconds", type=float, default=5, help="of each search phase")
     parser.add_argument("--bootstrap", help="an existing broker (default: a local one)")
     parser.add_argument("--port", type=int, default=19_792, help="port of the local broker")
     parser.add_argument("--port-base", type=int, default=20_000, help="the clusters' first port")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="where results go")
 
 
-def _settled(args: argparse.Namespace) -> argparse.Namespace:
-    """``--quick``'s defaults, where a flag did not say otherwise."""
+def _settled(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """``--quick``'s defaults, where a flag did not say otherwise; usage errors."""
+    if args.rate not in (None, "search") and not str(args.rate).isdigit():
+        parser.error(
+            f"--rate takes a number of transactions per second or search, not {args.rate!r}"
+        )
     if args.quick:
         args.transactions, args.workers, args.repeats = QUICK_TRANSACTIONS, [1], 1
     args.check = args.quick if args.check is None else args.check
@@ -135,7 +156,7 @@ def run_workload(
     runs: dict[int, list[dict[str, Any]]] = {w: [] for w in args.workers}
     plain: dict[str, list[dict[str, Any]]] = {k: [] for k in BASELINES if args.baselines}
     partitions = 2 * max(args.workers)
-    for repeat in range(args.repeats):
+    for repeat in range(args.repeats if args.transactions > 0 else 0):
         for i, workers in enumerate(args.workers):
             backlog = workload.backlog(args.transactions, 2 * workers, args.seed)
             port = args.port_base + 10 * i + 100 * repeat
@@ -154,19 +175,61 @@ def run_workload(
         backlog = workload.backlog(args.transactions, partitions, args.seed)
         for kind, baseline_runs in plain.items():
             baseline_runs.append(drain_baseline(kind, workload, backlog, bootstrap, broker_pid))
-    results = [_median(r) for r in runs.values()]
-    baselines = [_median(r) for r in plain.values()]
+    results = [_median(r) for r in runs.values() if r]
+    baselines = [_median(r) for r in plain.values() if r]
     for r in results:
         r["ratio_to"] = {b["baseline"]: r["tps"] / b["tps"] for b in baselines}
+    defaults = type(workload)().parameters()
+    changed = {k: v for k, v in workload.parameters().items() if v != defaults.get(k)}
     return {
+        **_open_loop(workload, args, bootstrap),
         "workload": workload.name,
+        "title": " ".join([workload.name, *(f"{k}={v}" for k, v in changed.items())]),
         "parameters": workload.parameters(),
+        "description": workload.summary,
         "anchor": workload.anchor,
+        "anchor_per_core": workload.anchor_per_core,
         "transactions": args.transactions,
         "repeats": args.repeats,
         "results": results,
         "baselines": baselines,
     }
+
+
+def _open_loop(workload: Workload, args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
+    """``--rate``'s runs: each worker count at the rate (median run by p99), or searched."""
+    if args.rate is None:
+        return {}
+    report: dict[str, Any] = {"steady": [], "search": []}
+    for repeat in range(args.repeats):
+        for i, workers in enumerate(args.workers):
+            setup, port = Setup(ROOT, workers), args.port_base + 1_000 + 10 * i + 100 * repeat
+            console.print(f"{workload.name}: {workers} worker(s), open loop {args.rate}")
+            if args.rate == "search":
+                report["search"].append(
+                    search_sustainable(
+                        workload,
+                        bootstrap,
+                        setup,
+                        phase_s=args.phase_seconds,
+                        port_base=port,
+                        seed=args.seed,
+                    )
+                )
+            else:
+                report["steady"].append(
+                    steady_run(
+                        workload,
+                        bootstrap,
+                        setup,
+                        rate=int(args.rate),
+                        seconds=args.seconds,
+                        warmup=args.warmup,
+                        port_base=port,
+                        seed=args.seed,
+                    )
+                )
+    return report
 
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -200,17 +263,45 @@ def _print(report: dict[str, Any]) -> None:
     for r in report["results"]:
         if "checked" in r:
             console.print(f"checked ({r['workers']} worker(s)): {r['checked']}")
+    for r in report.get("steady", []):
+        ms = r["latency_ms"]
+        console.print(
+            f"open loop, {r['workers']} worker(s), {r['rate']:,}/s for {r['seconds']:.0f} s: "
+            f"p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} ms, p99.9 {ms['p99.9']:.0f} ms "
+            f"({r['counted']:,} counted, {r['missing']} missing, {r['rollbacks']} rollbacks)"
+        )
+    for r in report.get("search", []):
+        steps = ", ".join(
+            f"{p['rate']:,}/s p99 {p['latency_ms']['p99']:.0f} ms" + ("" if p["passed"] else " ✗")
+            for p in r["phases"]
+        )
+        console.print(
+            f"sustainable, {r['workers']} worker(s): {r['sustainable_tps']:,} tx/s "
+            f"(unloaded p99 {r['unloaded_p99_ms']:.0f} ms; {steps})"
+        )
 
 
 def _save(report: dict[str, Any], out: Path) -> None:
-    stem = out / f"{report['workload']}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = write_result(stem, report)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{report['title'].replace(' ', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
     bars = {
         (r.get("baseline") or f"epochal {r['workers']}w"): r["tps"]
         for r in report["results"] + report["baselines"]
     }
-    plotted = plot_bars(stem.with_suffix(".png"), [(report["workload"], "tx/s (median)", bars)])
-    console.print(f"results in {path}" + (f" and {stem}.png" if plotted else ""))
+    panels = [(f"{report['workload']}: backlog drain", "tx/s (median)", bars)]
+    if report.get("steady"):
+        p99 = {
+            f"{r['workers']}w at {r['rate']:,}/s": r["latency_ms"]["p99"] for r in report["steady"]
+        }
+        panels.append(("open loop", "p99 latency ms", p99))
+    if report.get("search"):
+        found = {f"{r['workers']}w": r["sustainable_tps"] for r in report["search"]}
+        panels.append(("sustainable throughput", "tx/s", found))
+    panels = [p for p in panels if p[2]]
+    if panels and plot_bars(stem.with_suffix(".png"), panels):
+        report["png"] = str(stem.with_suffix(".png"))
+    path = write_result(stem, report)
+    console.print(f"results in {path}" + (f" and {report['png']}" if "png" in report else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,23 +317,49 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[0] = f"epochal bench {name}"  # what its usage line says it is
         return OWN_FLAGS[name](rest)
     if name == "all":
-        kinds = list(WORKLOADS.values())
         parser = argparse.ArgumentParser(prog="epochal bench all")
         common_flags(parser)
-        args = _settled(parser.parse_args(rest))
-        workloads = [kind() for kind in kinds]
-    elif name in WORKLOADS:
-        parser = _workload_parser(WORKLOADS[name])
-        args = _settled(parser.parse_args(rest))
-        fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(WORKLOADS[name])}
-        workloads = [WORKLOADS[name](**fields)]
-    else:
-        print(f"epochal bench: no workload {name!r}; one of {', '.join(names)}", file=sys.stderr)
-        return 2
-    return _run(workloads, args)
+        args = _settled(parser, parser.parse_args(rest))
+        return _run(_every_workload(args.quick), args, markdown=not args.quick)
+    if name in WORKLOADS:
+        kind = WORKLOADS[name]
+        parser = _workload_parser(kind)
+        args = _settled(parser, parser.parse_args(rest))
+        workload = kind(**{f.name: getattr(args, f.name) for f in dataclasses.fields(kind)})
+        return _run(_swept(parser, workload, args.sweep), args)
+    print(f"epochal bench: no workload {name!r}; one of {', '.join(names)}", file=sys.stderr)
+    return 2
 
 
-def _run(workloads: list[Workload], args: argparse.Namespace) -> int:
+def _every_workload(quick: bool) -> list[Workload]:
+    """Each workload with its defaults; and for a full run YCSB-T also at Styx's extremes too
+    (every transaction multi-partition; Zipf 0.99)."""
+    defaults = [kind() for kind in WORKLOADS.values()]
+    if quick:
+        return defaults
+    return [*defaults, YcsbT(multi_partition=1.0), YcsbT(zipf=0.99)]
+
+
+def _swept(
+    parser: argparse.ArgumentParser, workload: Workload, sweep: str | None
+) -> list[Workload]:
+    """``--sweep field=v1,v2``: the workload once per value (a figure's x axis)."""
+    if sweep is None:
+        return [workload]
+    field, _, values = sweep.partition("=")
+    field = field.replace("-", "_")
+    fields = {f.name: f for f in dataclasses.fields(workload)}
+    if field not in fields or not values:
+        parser.error(f"--sweep takes FIELD=V1,V2,... with FIELD one of {sorted(fields)}")
+    kind: Any = type(fields[field].default)  # every field has a default of its type
+    try:
+        return [dataclasses.replace(workload, **{field: kind(v)}) for v in values.split(",")]
+    except ValueError as exc:
+        parser.error(f"--sweep {sweep}: {exc}")
+
+
+def _run(workloads: list[Workload], args: argparse.Namespace, markdown: bool = False) -> int:
+    """Each workload in turn on one broker; ``markdown``: BENCHMARKS.md from the results."""
     broker, bootstrap, broker_pid = None, args.bootstrap, None
     if bootstrap is None:
         jars = fetch_jars(CacheConfig(cache_dir_from_env()), JarSet.KAFKA_BROKER)
@@ -252,11 +369,16 @@ def _run(workloads: list[Workload], args: argparse.Namespace) -> int:
         broker.start()
         bootstrap, broker_pid = broker.config.bootstrap, broker.status().pid
     facts = machine(ROOT)
+    reports = []
     try:
         for workload in workloads:
             report = {**run_workload(workload, args, bootstrap, broker_pid), "machine": facts}
             _print(report)
             _save(report, args.out)
+            reports.append(report)
+        if markdown:
+            written = benchmarks_md.write(reports, ROOT, "epochal bench all")
+            console.print(f"wrote {written}")
     except CheckFailed as failed:
         console.print(f"[red]the run does not equal the serial oracle:[/] {failed}")
         return 1

@@ -26,7 +26,14 @@ from typing import Any
 from confluent_kafka import Producer
 from rich.progress import Progress
 
-from bench.processes import ClusterProcess, MeasuredProcess, RssSampler, Setup, count_egress
+from bench.processes import (
+    ClusterProcess,
+    MeasuredProcess,
+    RssSampler,
+    Setup,
+    count_egress,
+    end_offset,
+)
 from bench.workloads.base import Backlog, Workload
 from epochal.actors.api import named
 from epochal.actors.oracle import SerialOracle
@@ -83,7 +90,10 @@ def drain_cluster(
         ClusterProcess(setup, name, bootstrap, port_base, broker_pid, app=workload.app) as cluster,
         Progress(transient=True) as progress,
     ):
-        first, last = count_egress(clients, name, backlog.measured, progress, workload.outputs)
+        cluster.sampler.log_end = lambda: end_offset(clients, f"{name}.cmd")
+        first, last = count_egress(
+            clients, name, backlog.measured, progress, outputs=workload.outputs, process=cluster
+        )
         time.sleep(2 * cluster.sampler.cpu_interval_s)  # a CPU sample after the last egress
         cpu = cluster.sampler.cpu_between(first, last)
     result: dict[str, Any] = {
@@ -160,7 +170,7 @@ class _Baseline(MeasuredProcess):
         self, kind: str, workload: Workload, name: str, bootstrap: str, broker_pid: int | None
     ) -> None:
         super().__init__(ROOT)
-        (topic,) = [f"{name}.in.{t}" for t in workload.backlog(0, 1, 0).topics]
+        topic = f"{name}.in.{workload.topic}"
         output = f"{name}.out." if kind == "workload" else f"{name}.out.{workload.outputs[0]}"
         self.command = [
             sys.executable,
@@ -199,7 +209,9 @@ def drain_baseline(
         _Baseline(kind, workload, name, bootstrap, broker_pid) as baseline,
         Progress(transient=True) as progress,
     ):
-        first, last = count_egress(clients, name, expected, progress, outputs)
+        first, last = count_egress(
+            clients, name, expected, progress, outputs=outputs, process=baseline
+        )
         time.sleep(2 * baseline.sampler.cpu_interval_s)
         cpu = baseline.sampler.cpu_between(first, last)
     return {

@@ -52,10 +52,13 @@ def count_egress(
     name: str,
     transfers: int,
     progress: Progress,
+    *,
     outputs: Sequence[str] = BANK_OUTPUTS,
+    process: MeasuredProcess | None = None,
 ) -> tuple[float, float]:
     """Reads app ``name``'s egress ``outputs`` (``read_committed``) until ``transfers`` records
-    came out; when the first and the last did (monotonic)."""
+    came out; when the first and the last did (monotonic). SystemExit, with where its log is,
+    if ``process`` (the cluster, or the baseline) ends before."""
     consumer = clients.consumer(
         **{"isolation.level": "read_committed", "group.id": f"{name}.bench"}
     )
@@ -64,6 +67,12 @@ def count_egress(
     seen, first, last = 0, 0.0, 0.0
     deadline = time.monotonic() + 600
     while seen < transfers and time.monotonic() < deadline:
+        if process is not None and process.exited():
+            consumer.close()
+            raise SystemExit(
+                f"{name} ended after {seen} of {transfers} records: its log is "
+                f"{process.run_dir / 'run.log'}"
+            )
         batch = arrived(consumer, 10_000, 0.2)
         if batch:
             now = time.monotonic()
@@ -215,14 +224,29 @@ def _command(
     setup: Setup, app: str, name: str, bootstrap: str, *, port_base: int, run_dir: Path
 ) -> list[str]:
     command = [
-        sys.executable, "-m", "epochal.cli", "run", app, "--name", name,
-        "--bootstrap", bootstrap, "--workers", str(setup.workers),
-        "--partitions", str(2 * setup.workers), "--port-base", str(port_base),
-        "--run-dir", str(run_dir),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "epochal.cli",
+        "run",
+        app,
+        "--name",
+        name,
+        "--bootstrap",
+        bootstrap,
+        "--workers",
+        str(setup.workers),
+        "--partitions",
+        str(2 * setup.workers),
+        "--port-base",
+        str(port_base),
+        "--run-dir",
+        str(run_dir),
+    ]
     cli = setup.checkout / "epochal" / "cli.py"
     if "--warehouse" in cli.read_text():  # a checkout with snapshots: never into its own tree
         command += ["--warehouse", str(run_dir / "warehouse")]
+    if "--query-port" in cli.read_text():  # not the default 7700: clusters of one run each own
+        command += ["--query-port", str(port_base + 8)]
     if setup.snapshots == "off":
         command.append("--no-snapshots")
     elif setup.snapshots == "weak":
@@ -257,11 +281,15 @@ class MeasuredProcess:
         env = {**os.environ, "PYTHONPATH": str(self.cwd)}
         with open(self.run_dir / "run.log", "wb") as log:
             self.started = time.monotonic()
-            self.process = subprocess.Popen(self.command, cwd=self.cwd, env=env, stdout=log,
-                                            stderr=subprocess.STDOUT)  # fmt: skip
+            self.process = subprocess.Popen(
+                self.command, cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
         self._started(self.process.pid)
         self.sampler.start()
         return self
+
+    def exited(self) -> bool:
+        return self.process is not None and self.process.poll() is not None
 
     def _started(self, pid: int) -> None:
         """Before sampling starts (a cluster's sampler finds its pids in its status file)."""

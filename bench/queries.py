@@ -53,13 +53,11 @@ from rich.table import Table
 
 from bench.bank import (
     ROOT,
-    EgressWatcher,
     console,
-    feed_at_rate,
-    percentiles,
     produce,
     produce_events,
 )
+from bench.open_loop import EgressWatcher, feed_at_rate, percentiles
 from bench.processes import ClusterProcess, Setup, cpu_s
 from bench.query_load import LEVELS, Cell, CellResult, Target, client_process
 from epochal.config import (

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.bank import percentiles
+from bench.open_loop import percentiles
 from epochal.client import COMMITTED, LIVE, SERIALIZABLE, SNAPSHOT, QueryClient
 from epochal.config import KafkaConfig, SnapshotConfig
 from epochal.recovery.snapshot_reads import SnapshotReader

@@ -50,11 +50,10 @@ from rich.table import Table
 
 from bench.bank import (
     ROOT,
-    EgressWatcher,
-    feed_at_rate,
     produce,
     produce_events,
 )
+from bench.open_loop import EgressWatcher, feed_at_rate
 from bench.processes import count_egress
 from bench.report import plot_bars
 from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, cache_dir_from_env

@@ -77,7 +77,10 @@ class Workload:
     name: ClassVar[str]  # as ``epochal bench`` names it
     app: ClassVar[str]  # module:attribute, for ``epochal run``
     outputs: ClassVar[tuple[str, ...]]  # egress names a measured transaction writes one record to
+    topic: ClassVar[str] = "txns"  # the one input topic (``<app>.in.<topic>``): one order
+    summary: ClassVar[str] = ""  # what the workload does, in a sentence or two
     anchor: ClassVar[str] = ""  # the published figure this workload is compared with
+    anchor_per_core: ClassVar[float | None] = None  # the anchor's tx/s per core, if it gives one
 
     def backlog(self, transactions: int, partitions: int, seed: int) -> Backlog:
         raise NotImplementedError
@@ -119,7 +122,9 @@ class KeyChooser:
         self._rng = rng
         ranges = KeyRanges.even(app, partitions)
         self._home = {key: ranges.partition_of(KeyRef(actor_type, key)) for key in self.keys}
-        self.partitions = len(set(self._home.values()))  # those the keys actually lie on
+        per_partition = Counter(self._home.values())
+        self.partitions = len(per_partition)  # those the keys actually lie on
+        self._fewest = min(per_partition.values())  # keys on the emptiest of them
 
     def one(self) -> Any:
         if self._cumulative is None:
@@ -134,7 +139,7 @@ class KeyChooser:
         spread = multi_partition
         if spread and self.partitions < 2:
             raise ValueError("multi-partition transactions need keys on two partitions or more")
-        if count > len(self.keys) or (not spread and count > self._fewest_per_partition()):
+        if count > len(self.keys) or (not spread and count > self._fewest):
             raise ValueError(f"{count} distinct keys on one partition: too few keys")
         first = self.one()
         chosen = [first]
@@ -150,6 +155,3 @@ class KeyChooser:
                 continue
             chosen.append(key)
         return chosen
-
-    def _fewest_per_partition(self) -> int:
-        return min(Counter(self._home.values()).values())

@@ -147,6 +147,11 @@ class GrepSum(Workload):
     """GS's parameters: rows, keys per transaction, read share, skew, multi-partition share."""
 
     name: ClassVar[str] = "tstream-gs"
+    summary: ClassVar[str] = (
+        "TStream's grep and sum: 10,000 rows of 128 bytes; a transaction reads 10 rows and "
+        "egresses their sum, or writes all 10 (read share 0.5), Zipf 0.6, a quarter of them "
+        "multi-partition."
+    )
     app: ClassVar[str] = "bench.workloads.tstream:gs_app"
     outputs: ClassVar[tuple[str, ...]] = ("results", "errors")
     anchor: ClassVar[str] = ANCHOR
@@ -308,6 +313,11 @@ class StreamingLedger(Workload):
     sample ``range(keys)``), so one chooser draws keys of both."""
 
     name: ClassVar[str] = "tstream-sl"
+    summary: ClassVar[str] = (
+        "TStream's streaming ledger: 10,000 accounts and 10,000 assets; a transfer moves money "
+        "and assets between two of each (4 keys, aborting on an overdraft), a deposit credits "
+        "one of each (2 keys), half and half, Zipf 0.6, a quarter multi-partition."
+    )
     app: ClassVar[str] = "bench.workloads.tstream:sl_app"
     outputs: ClassVar[tuple[str, ...]] = ("results", "errors")
     anchor: ClassVar[str] = ANCHOR
@@ -472,6 +482,11 @@ class OnlineBidding(Workload):
     share (of alters and tops: a bid has one key)."""
 
     name: ClassVar[str] = "tstream-ob"
+    summary: ClassVar[str] = (
+        "TStream's online bidding: 10,000 items; a bid buys from one item (aborting if it bids "
+        "too low or too few are left), an alter re-prices 20, a top restocks 20, 6:1:1, Zipf 0.6, "
+        "a quarter of alters and tops multi-partition."
+    )
     app: ClassVar[str] = "bench.workloads.tstream:ob_app"
     outputs: ClassVar[tuple[str, ...]] = ("results", "errors")
     anchor: ClassVar[str] = ANCHOR
@@ -611,6 +626,10 @@ class TollProcessing(Workload):
     no multi-partition share)."""
 
     name: ClassVar[str] = "tstream-tp"
+    summary: ClassVar[str] = (
+        "TStream's toll processing: position reports over 100 road segments (Zipf 0.6); each "
+        "updates its segment's last 100 reports and egresses the Linear Road toll."
+    )
     app: ClassVar[str] = "bench.workloads.tstream:tp_app"
     outputs: ClassVar[tuple[str, ...]] = ("results", "errors")
     anchor: ClassVar[str] = ANCHOR

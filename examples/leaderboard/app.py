@@ -47,6 +47,7 @@ __all__ = [
     "InvalidVote",
     "Removal",
     "Vote",
+    "VoteStandings",
     "Voter",
     "app",
     "make_app",
@@ -98,14 +99,35 @@ class Removal(msgspec.Struct, frozen=True):
     after_valid_votes: int
 
 
+class VoteStandings(msgspec.Struct, frozen=True):
+    """What a valid vote writes to ``standings_to``: the leaderboards it left, and the removal it
+    made, if any, in one record (a benchmark times each vote by its one output record)."""
+
+    phone: str
+    candidate: int
+    valid: int
+    top: list[int]
+    bottom: list[int]
+    trending: list[int]
+    removal: Removal | None = None
+
+
 class InvalidVote(ValueError):
     """A vote the rules refuse; the transaction aborts with this reason."""
 
 
 def make_app(
-    candidates: int = CANDIDATES, removal_every: int = REMOVAL_EVERY, name: str = "leaderboard"
+    candidates: int = CANDIDATES,
+    removal_every: int = REMOVAL_EVERY,
+    name: str = "leaderboard",
+    standings_to: str | None = None,
 ) -> App:
-    """An app with its own thresholds (tests use small ones to see many removals)."""
+    """An app with its own thresholds (tests use small ones to see many removals).
+
+    ``standings_to``: an egress that every valid vote writes one :class:`VoteStandings` to, its
+    removal included (then nothing goes to ``removals``), so that each vote has exactly one
+    output record, its standings or its rejection: what ``bench.workloads.leaderboard`` needs.
+    """
     if candidates < 1 or removal_every < 1:
         raise ValueError("candidates and removal_every must be positive")
     app = App(name)
@@ -136,12 +158,28 @@ def make_app(
         board.valid += 1
         board.recent.add(e.candidate)
         active = [c for c in range(1, candidates + 1) if c not in removed]
+        removal: Removal | None = None
         if board.valid % removal_every == 0 and len(active) > 1:
             loser = min(active, key=lambda c: (board.votes.get(c, 0), c))
             board.removed.append(loser)
             active.remove(loser)
-            ctx.egress("removals", Removal(loser, board.votes.get(loser, 0), board.valid))
+            removal = Removal(loser, board.votes.get(loser, 0), board.valid)
         _rank(board, active)
+        if standings_to is not None:
+            ctx.egress(
+                standings_to,
+                VoteStandings(
+                    e.phone,
+                    e.candidate,
+                    board.valid,
+                    board.top,
+                    board.bottom,
+                    board.trending,
+                    removal,
+                ),
+            )
+        elif removal is not None:
+            ctx.egress("removals", removal)
         ctx.put(e.phone, voter)
         ctx.put(BOARD, board)
 

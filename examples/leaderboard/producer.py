@@ -28,13 +28,16 @@ class Vote(msgspec.Struct, frozen=True):
     candidate: int
 
 
-def votes(count: int, phones: int, candidates: int, seed: int) -> Iterator[Vote]:
-    """``count`` votes from ``phones`` distinct 10-digit numbers; deterministic per seed."""
+def votes(
+    count: int, phones: int, candidates: int, seed: int, invalid: float = 0.01
+) -> Iterator[Vote]:
+    """``count`` votes from ``phones`` distinct 10-digit numbers, a share ``invalid`` of them
+    for no candidate; deterministic per seed."""
     rng = random.Random(seed)
     pool = [f"{n:010d}" for n in rng.sample(range(10**10), phones)]
     ids = list(range(1, candidates + 1))
     for _ in range(count):
-        if rng.random() < 0.01:
+        if rng.random() < invalid:
             candidate = rng.choice([0, candidates + 1])  # no such candidate: refused
         else:
             candidate = rng.choices(ids, weights=ids)[0]

@@ -93,7 +93,7 @@ def test_the_app_ends_where_the_plain_rules_end(
     egressed = Counter({name: len(run.egress_records(name)) for name in workload.outputs})
     assert +egressed == outputs
     assert run.egress("results") == results  # what reads saw, and the tolls, in order
-    test.check_determinism(partitions=(1, 3))
+    test.check_determinism(partitions=(3,))
 
 
 def test_online_bidding_mixes_bids_alters_and_tops_6_1_1() -> None:

@@ -41,7 +41,7 @@ def test_the_app_ends_where_the_plain_rules_end(
     assert {k: getattr(v, field) for k, v in test.state(actor).items()} == plain.state
     egressed = Counter(name for name in workload.outputs for _ in results.egress_records(name))
     assert egressed == outputs
-    test.check_determinism(partitions=(1, 3))
+    test.check_determinism(partitions=(3,))
 
 
 def test_ycsbt_keys_are_skewed_and_split_over_partitions_as_asked() -> None:
