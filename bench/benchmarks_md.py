@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.report import slug
+
 __all__ = ["render", "write"]
 
 
@@ -23,7 +25,7 @@ def write(reports: Sequence[dict[str, Any]], root: Path, command: str) -> Path:
     for report in reports:
         png = Path(report.get("png", ""))
         if png.is_file():
-            shutil.copyfile(png, plots / f"{_slug(report)}.png")
+            shutil.copyfile(png, plots / f"{slug(report['title'])}.png")
     path = root / "BENCHMARKS.md"
     path.write_text(render(reports, command, {r["title"] for r in reports if r.get("png")}))
     return path
@@ -106,12 +108,8 @@ def _section(report: dict[str, Any], cores: int, plotted: bool) -> list[str]:
             "",
         ]
     if plotted:
-        lines += [f"![{report['title']}](bench/plots/{_slug(report)}.png)", ""]
+        lines += [f"![{report['title']}](bench/plots/{slug(report['title'])}.png)", ""]
     return lines
-
-
-def _slug(report: dict[str, Any]) -> str:
-    return str(report["title"]).replace(" ", "-").replace("=", "")
 
 
 def _ratio(value: float | None) -> str:

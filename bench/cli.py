@@ -37,7 +37,7 @@ from rich.table import Table
 from bench import bank, benchmarks_md, queries, recover, restart, snapshots
 from bench.drain import ROOT, CheckFailed, drain_baseline, drain_cluster
 from bench.processes import Setup
-from bench.report import machine, plot_bars, write_result
+from bench.report import machine, plot_bars, slug, write_result
 from bench.steady import search_sustainable, steady_run
 from bench.workloads import WORKLOADS
 from bench.workloads.base import Workload
@@ -144,6 +144,7 @@ def _settled(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
         )
     if args.quick:
         args.transactions, args.workers, args.repeats = QUICK_TRANSACTIONS, [1], 1
+    args.anchor_rates = False
     args.check = args.quick if args.check is None else args.check
     args.baselines = not args.quick if args.baselines is None else args.baselines
     return args
@@ -188,7 +189,7 @@ def run_workload(
         "parameters": workload.parameters(),
         "description": workload.summary,
         "anchor": workload.anchor,
-        "anchor_per_core": workload.anchor_per_core,
+        "anchor_per_core": workload.anchor_per_core(),
         "transactions": args.transactions,
         "repeats": args.repeats,
         "results": results,
@@ -197,15 +198,17 @@ def run_workload(
 
 
 def _open_loop(workload: Workload, args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
-    """``--rate``'s runs: each worker count at the rate (median run by p99), or searched."""
-    if args.rate is None:
+    """``--rate``'s runs: each worker count at the rate, or searched, ``--repeats`` times (every
+    run is reported)."""
+    rate = args.rate or (workload.anchor_rate if args.anchor_rates else None)
+    if rate is None:
         return {}
     report: dict[str, Any] = {"steady": [], "search": []}
     for repeat in range(args.repeats):
         for i, workers in enumerate(args.workers):
             setup, port = Setup(ROOT, workers), args.port_base + 1_000 + 10 * i + 100 * repeat
-            console.print(f"{workload.name}: {workers} worker(s), open loop {args.rate}")
-            if args.rate == "search":
+            console.print(f"{workload.name}: {workers} worker(s), open loop {rate}")
+            if rate == "search":
                 report["search"].append(
                     search_sustainable(
                         workload,
@@ -222,7 +225,7 @@ def _open_loop(workload: Workload, args: argparse.Namespace, bootstrap: str) -> 
                         workload,
                         bootstrap,
                         setup,
-                        rate=int(args.rate),
+                        rate=int(rate),
                         seconds=args.seconds,
                         warmup=args.warmup,
                         port_base=port,
@@ -283,7 +286,7 @@ def _print(report: dict[str, Any]) -> None:
 
 def _save(report: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{report['title'].replace(' ', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    stem = out / f"{slug(report['title'])}-{time.strftime('%Y%m%d-%H%M%S')}"
     bars = {
         (r.get("baseline") or f"epochal {r['workers']}w"): r["tps"]
         for r in report["results"] + report["baselines"]
@@ -320,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = argparse.ArgumentParser(prog="epochal bench all")
         common_flags(parser)
         args = _settled(parser, parser.parse_args(rest))
+        args.anchor_rates = not args.quick  # each anchor's latency at the rate it was measured
         return _run(_every_workload(args.quick), args, markdown=not args.quick)
     if name in WORKLOADS:
         kind = WORKLOADS[name]

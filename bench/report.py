@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["machine", "plot_bars", "write_result"]
+__all__ = ["machine", "plot_bars", "slug", "write_result"]
 
 _VERSIONED = ("epochal", "confluent-kafka", "msgspec", "deltalake", "pyarrow", "pyspark")
 
@@ -72,6 +72,12 @@ def _commit(checkout: Path) -> str:
     except OSError:
         return ""
     return head + ("+dirty" if head and dirty else "")
+
+
+def slug(title: str) -> str:
+    """A result's title as a file name: ``ycsbt zipf=0.99`` is ``ycsbt-zipf0_99`` (no dot, so a
+    suffix added to it is the only one)."""
+    return title.replace(" ", "-").replace("=", "").replace(".", "_")
 
 
 def write_result(stem: Path, report: dict[str, Any]) -> Path:

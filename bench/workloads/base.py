@@ -80,13 +80,17 @@ class Workload:
     topic: ClassVar[str] = "txns"  # the one input topic (``<app>.in.<topic>``): one order
     summary: ClassVar[str] = ""  # what the workload does, in a sentence or two
     anchor: ClassVar[str] = ""  # the published figure this workload is compared with
-    anchor_per_core: ClassVar[float | None] = None  # the anchor's tx/s per core, if it gives one
+    anchor_rate: ClassVar[int | None] = None  # the rate the anchor's latency was measured at
 
     def backlog(self, transactions: int, partitions: int, seed: int) -> Backlog:
         raise NotImplementedError
 
     def plain(self) -> Plain:
         raise NotImplementedError
+
+    def anchor_per_core(self) -> float | None:
+        """The anchor's transactions per second per core in this setting, if it gives one."""
+        return None
 
     def load_app(self) -> App:
         return load_app(self.app)
