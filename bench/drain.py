@@ -105,6 +105,12 @@ def drain_cluster(
         "seconds_from_start": last - cluster.started,
     }
     if check:
+        assert cluster.process is not None
+        if cluster.process.returncode != 0:  # a stop at a savepoint exits 0
+            raise CheckFailed(
+                f"{name} exited with {cluster.process.returncode}: its log is "
+                f"{cluster.run_dir / 'run.log'}"
+            )
         result["checked"] = check_against_the_oracle(
             workload, name, clients, cluster.run_dir / "warehouse", setup.workers * 2
         )
