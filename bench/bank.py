@@ -66,6 +66,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from bench.drain import produce_records
 from bench.open_loop import EgressWatcher, feed_at_rate, percentiles
 from bench.processes import (
     ClusterProcess,
@@ -76,6 +77,7 @@ from bench.processes import (
     end_offset,
 )
 from bench.report import plot_bars
+from bench.workloads.base import Record
 from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, cache_dir_from_env
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.client import KafkaClients
@@ -87,16 +89,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def produce(bootstrap: str, topic: str, transfers: int, accounts: int) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000})
-    for event in events(transfers, accounts, seed=1):
-        key = event.account if isinstance(event, Deposit) else event.source
-        while True:
-            try:
-                producer.produce(topic, msgspec.msgpack.encode(event), key.encode())
-                break
-            except BufferError:
-                producer.poll(0.05)
-    assert producer.flush(60) == 0
+    """The producer's deposits and ``transfers`` transfers onto ``topic``, keyed by account."""
+    records = (
+        Record(
+            topic,
+            (event.account if isinstance(event, Deposit) else event.source).encode(),
+            msgspec.msgpack.encode(event),
+        )
+        for event in events(transfers, accounts, seed=1)
+    )
+    produce_records(bootstrap, "", records)
 
 
 def run_once(

@@ -156,10 +156,14 @@ def run_workload(
     """Every configuration and baseline ``--repeats`` times, interleaved; the medians."""
     runs: dict[int, list[dict[str, Any]]] = {w: [] for w in args.workers}
     plain: dict[str, list[dict[str, Any]]] = {k: [] for k in BASELINES if args.baselines}
-    partitions = 2 * max(args.workers)
-    for repeat in range(args.repeats if args.transactions > 0 else 0):
+    repeats = args.repeats if args.transactions > 0 else 0
+    backlogs = {  # one per layout, made once: every repeat drains the same
+        partitions: workload.backlog(args.transactions, partitions, args.seed)
+        for partitions in ({2 * w for w in args.workers} if repeats else ())
+    }
+    for repeat in range(repeats):
         for i, workers in enumerate(args.workers):
-            backlog = workload.backlog(args.transactions, 2 * workers, args.seed)
+            backlog = backlogs[2 * workers]
             port = args.port_base + 10 * i + 100 * repeat
             console.print(f"{workload.name}: {workers} worker(s), run {repeat + 1}")
             runs[workers].append(
@@ -173,9 +177,10 @@ def run_workload(
                     check=args.check,
                 )
             )
-        backlog = workload.backlog(args.transactions, partitions, args.seed)
-        for kind, baseline_runs in plain.items():
-            baseline_runs.append(drain_baseline(kind, workload, backlog, bootstrap, broker_pid))
+        for kind, baseline_runs in plain.items():  # over the widest layout's backlog
+            baseline_runs.append(
+                drain_baseline(kind, workload, backlogs[max(backlogs)], bootstrap, broker_pid)
+            )
     results = [_median(r) for r in runs.values() if r]
     baselines = [_median(r) for r in plain.values() if r]
     for r in results:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from bench.processes import (
     count_egress,
     end_offset,
 )
-from bench.workloads.base import Backlog, Workload
+from bench.workloads.base import Backlog, Record, Workload
 from epochal.actors.api import named
 from epochal.actors.oracle import SerialOracle
 from epochal.config import KafkaConfig, SnapshotConfig
@@ -42,7 +42,7 @@ from epochal.log.client import KafkaClients
 from epochal.recovery.snapshots import DeltaSnapshots
 from epochal.schemas.egress import EgressRecord
 
-__all__ = ["CheckFailed", "drain_baseline", "drain_cluster", "produce_backlog"]
+__all__ = ["CheckFailed", "drain_baseline", "drain_cluster", "produce_backlog", "produce_records"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,17 +57,23 @@ def produce_backlog(bootstrap: str, name: str, backlog: Backlog) -> list[str]:
     clients = KafkaClients(KafkaConfig(bootstrap))
     topics = [f"{name}.in.{t}" for t in backlog.topics]
     clients.create_topics(topics)
+    produce_records(bootstrap, f"{name}.in.", backlog.records)
+    return topics
+
+
+def produce_records(bootstrap: str, prefix: str, records: Iterable[Record]) -> None:
+    """Each record onto topic ``prefix + record.topic``, in order, waiting whenever the local
+    queue is full; SystemExit unless every one was delivered."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000})
-    for record in backlog.records:
+    for record in records:
         while True:
             try:
-                producer.produce(f"{name}.in.{record.topic}", record.value, record.key)
+                producer.produce(prefix + record.topic, record.value, record.key)
                 break
             except BufferError:
                 producer.poll(0.05)
     if producer.flush(60):
-        raise SystemExit(f"{name}: the backlog was not all delivered")
-    return topics
+        raise SystemExit(f"{prefix}*: the records were not all delivered")
 
 
 def drain_cluster(

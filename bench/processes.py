@@ -242,10 +242,10 @@ def _command(
         "--run-dir",
         str(run_dir),
     ]
-    cli = setup.checkout / "epochal" / "cli.py"
-    if "--warehouse" in cli.read_text():  # a checkout with snapshots: never into its own tree
+    cli = (setup.checkout / "epochal" / "cli.py").read_text()  # the flags this checkout has
+    if "--warehouse" in cli:  # a checkout with snapshots: never into its own tree
         command += ["--warehouse", str(run_dir / "warehouse")]
-    if "--query-port" in cli.read_text():  # not the default 7700: clusters of one run each own
+    if "--query-port" in cli:  # not the default 7700: clusters of one run each own
         command += ["--query-port", str(port_base + 8)]
     if setup.snapshots == "off":
         command.append("--no-snapshots")
