@@ -82,11 +82,22 @@ class Shell:
     cwd: Path
     bootstrap: str
     cache: CacheConfig
-    query_port: int = field(default_factory=lambda: free_ports(2))
-    metrics_port: int = field(default_factory=lambda: free_ports(4))
-    port_base: int = field(default_factory=lambda: free_ports(4))
+    # One block, split in three: ports picked apart could coincide (free, but not bound yet).
+    ports: int = field(default_factory=lambda: free_ports(16))
     background: list[subprocess.Popen[str]] = field(default_factory=list)
     timings: list[tuple[str, float]] = field(default_factory=list)
+
+    @property
+    def query_port(self) -> int:
+        return self.ports  # and +1: a query server per worker
+
+    @property
+    def metrics_port(self) -> int:
+        return self.ports + 4  # workers, then the sequencer and the supervisor
+
+    @property
+    def port_base(self) -> int:
+        return self.ports + 8  # peers, the feed, query servers: 2 * workers + 1
 
     @property
     def env(self) -> dict[str, str]:
