@@ -3,7 +3,8 @@
 One section per workload: its setup and parameters, epochal's figures beside the baselines' of
 the same run (ratios, CPU per transaction by role), open-loop latency and the sustainable rate
 when measured, and the anchor: the published figure of the system the workload comes from,
-with its setup, and a per-core figure where the anchor gives one. The plots go beside it.
+with its setup, and a per-core figure where the anchor gives one. Then one per benchmark with
+flags of its own (a report with a ``kind``: :mod:`bench.measures_md`). The plots go beside it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import measures_md
 from bench.report import slug
 
 __all__ = ["render", "write"]
@@ -53,7 +55,12 @@ def render(reports: Sequence[dict[str, Any]], command: str, plotted: set[str]) -
         "",
     ]
     for report in reports:
-        lines += _section(report, cores, report["title"] in plotted)
+        plot = report["title"] in plotted
+        lines += (
+            measures_md.section(report, cores, plot)
+            if "kind" in report
+            else _section(report, cores, plot)
+        )
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -10,7 +10,9 @@ memory. Their parameters are flags (``--zipf 0.99``). The other benchmarks keep 
 
 ``--quick`` is a smoke run for correctness, not for figures: a small backlog, one worker, one
 repeat, no baselines, and the run checked against the serial oracle (``--check``, on by default
-with ``--quick``). ``epochal bench all --quick`` runs every workload so.
+with ``--quick``). ``epochal bench all --quick`` runs every workload so; ``epochal bench all``
+runs every workload in full, then :func:`measures` (the bank on TSpoon's 100,000 accounts,
+queries, snapshots, restart, recovery), and writes BENCHMARKS.md from all of it.
 
 Results go to ``bench/results/<workload>-<date>.json`` (with the machine, versions, commit and
 date) and a PNG beside it.
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -72,7 +76,8 @@ phase until p99 passes 20 times the unloaded p99 or the egress falls behind.
 
 --quick is a smoke run for correctness: 2,000 transactions, 1 worker, once, no baselines, and
 each run checked against the serial oracle. Results go to bench/results/ (JSON and PNG);
-epochal bench all, without --quick, also writes BENCHMARKS.md.
+epochal bench all, without --quick, then also runs bank (TSpoon's 100,000 accounts), queries,
+snapshots, restart and recovery, and writes BENCHMARKS.md.
 
   epochal bench ycsbt --zipf 0.99 --multi-partition 0.25
   epochal bench tstream gs --read-ratio 0.8
@@ -329,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         common_flags(parser)
         args = _settled(parser, parser.parse_args(rest))
         args.anchor_rates = not args.quick  # each anchor's latency at the rate it was measured
-        return _run(_every_workload(args.quick), args, markdown=not args.quick)
+        return _run(_every_workload(args.quick), args, full=not args.quick)
     if name in WORKLOADS:
         kind = WORKLOADS[name]
         parser = _workload_parser(kind)
@@ -367,8 +372,25 @@ def _swept(
         parser.error(f"--sweep {sweep}: {exc}")
 
 
-def _run(workloads: list[Workload], args: argparse.Namespace, markdown: bool = False) -> int:
-    """Each workload in turn on one broker; ``markdown``: BENCHMARKS.md from the results."""
+def _run(workloads: list[Workload], args: argparse.Namespace, full: bool = False) -> int:
+    """Each workload in turn on one broker; ``full`` (``all`` without ``--quick``): then each
+    of :func:`measures`, and BENCHMARKS.md from every result."""
+    try:
+        reports = _run_workloads(workloads, args)
+    except CheckFailed as failed:
+        console.print(f"[red]the run does not equal the serial oracle:[/] {failed}")
+        return 1
+    if not full:
+        return 0
+    facts = reports[0]["machine"]
+    ran = [run_measure(name, argv, args.out, facts) for name, argv in measures()]
+    written = benchmarks_md.write([*reports, *ran], ROOT, "epochal bench all")
+    console.print(f"wrote {written}")
+    return 0 if all(r.get("exit_code") == 0 for r in ran) else 1
+
+
+def _run_workloads(workloads: list[Workload], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each workload's report, drained on one broker (a local one unless ``--bootstrap``)."""
     broker, bootstrap, broker_pid = None, args.bootstrap, None
     if bootstrap is None:
         jars = fetch_jars(CacheConfig(cache_dir_from_env()), JarSet.KAFKA_BROKER)
@@ -385,16 +407,54 @@ def _run(workloads: list[Workload], args: argparse.Namespace, markdown: bool = F
             _print(report)
             _save(report, args.out)
             reports.append(report)
-        if markdown:
-            written = benchmarks_md.write(reports, ROOT, "epochal bench all")
-            console.print(f"wrote {written}")
-    except CheckFailed as failed:
-        console.print(f"[red]the run does not equal the serial oracle:[/] {failed}")
-        return 1
     finally:
         if broker is not None:
             broker.stop()
-    return 0
+    return reports
+
+
+def measures() -> list[tuple[str, list[str]]]:
+    """The benchmarks with flags of their own that a full ``all`` runs after the workloads
+    (each on a broker of its own, so after the workloads' has stopped), with the flags of the
+    figures they are compared with: TSpoon's 100,000 accounts for the bank; a 1M-transaction
+    log replayed once (about 5 minutes on 2 cores)."""
+    return [
+        ("bank", shlex.split("--accounts 100000 --transfers 200000 --workers 1 2 --repeats 3")),
+        ("queries", []),
+        ("snapshots", []),
+        ("restart", shlex.split("--parts kill --repeats 3")),
+        ("recovery", shlex.split("--transactions 1000000 --repeats 1")),
+    ]
+
+
+def run_measure(name: str, argv: list[str], out: Path, facts: dict[str, Any]) -> dict[str, Any]:
+    """One of :func:`measures` into a fresh folder under ``out``: the JSON it wrote (and its
+    PNG), for BENCHMARKS.md. A run that raises is reported, not fatal: the hour of results
+    before it still gets written."""
+    out.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-", dir=out))
+    report: dict[str, Any] = {
+        "kind": name,
+        "title": name,
+        "command": " ".join(["epochal bench", name, *argv]),
+        "machine": facts,
+    }
+    console.print(f"[bold]{report['command']}[/]")
+    try:
+        code = OWN_FLAGS[name]([*argv, "--out", str(folder)])
+    except (Exception, SystemExit) as failed:  # the scripts exit with a message on failure
+        console.print(f"[red]{name} failed:[/] {failed!r}")
+        return {**report, "error": str(failed) or repr(failed)}
+    written = sorted(folder.glob("*.json"))
+    if not written:
+        return {**report, "error": f"it exited with status {code} and wrote no JSON"}
+    pngs = [p for p in (w.with_suffix(".png") for w in written) if p.is_file()]
+    return {
+        **report,
+        "exit_code": code,
+        "result": json.loads(written[-1].read_text()),
+        **({"png": str(pngs[-1])} if pngs else {}),
+    }
 
 
 if __name__ == "__main__":

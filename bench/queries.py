@@ -377,7 +377,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[tuple[str, int, int], dict[str
     return summary
 
 
-def _engine_with_queries(load: list[dict[str, Any]]) -> dict[str, Any]:
+def engine_with_queries(load: list[dict[str, Any]]) -> dict[str, Any]:
     """The engine over every window a load cell ran in, as one: transfers/s and CPU shares
     weighted by time, the median cell's transfer p50, the worst cell's p99."""
     weights = [(r["engine"]["ended_ms"] - r["engine"]["started_ms"]) / 1000 for r in load]
@@ -447,7 +447,7 @@ def print_engine(report: dict[str, Any]) -> None:
                for label, window in zip(("before the queries", "after the queries"),
                                         report["engine_without_queries"], strict=True)]  # fmt: skip
     for level in dict.fromkeys(r["level"] for r in report["load"]):
-        engine = _engine_with_queries([r for r in report["load"] if r["level"] == level])
+        engine = engine_with_queries([r for r in report["load"] if r["level"] == level])
         windows.append((f"{rate:,}/s fed, queries running", level, engine["qps"], engine))
     for label, level, qps, window in windows:
         lat, cpu = window["latency_ms"], window["cpu"]
@@ -508,7 +508,7 @@ def _engine_bars(report: dict[str, Any]) -> dict[str, float]:
     bars["fed, no queries"] = (before["tps"] + after["tps"]) / 2
     for level in dict.fromkeys(r["level"] for r in report["load"]):
         rows = [r for r in report["load"] if r["level"] == level]
-        bars[f"fed, {level} queries"] = _engine_with_queries(rows)["tps"]
+        bars[f"fed, {level} queries"] = engine_with_queries(rows)["tps"]
     return bars
 
 

@@ -64,3 +64,208 @@ def test_each_workload_has_its_section_with_baselines_anchor_and_per_core_figure
     assert "Sustainable throughput, 1 worker(s): **3,000 tx/s**" in ycsbt
     assert "![ycsbt](bench/plots/ycsbt.png)" in ycsbt
     assert "Per core: epochal" not in gs and "bench/plots" not in gs
+
+
+def _measure(kind: str, result: dict[str, Any]) -> dict[str, Any]:
+    """A report of a benchmark with flags of its own, as ``bench.cli.run_measure`` makes it."""
+    command = f"epochal bench {kind} --flags"
+    return {"kind": kind, "title": kind, "command": command, "exit_code": 0, "result": result}
+
+
+def _section(text: str, heading: str) -> str:
+    """The part of ``text`` under ``## heading``, up to the next section."""
+    return text.split(f"## {heading}")[1].split("\n## ", maxsplit=1)[0]
+
+
+def _cell(level: str, keys: int, in_flight: int, qps: float, p99: float) -> dict[str, Any]:
+    latency = {"p50": p99 / 4, "p99": p99, "p99.9": 2 * p99, "max": 3 * p99}
+    return {
+        "level": level,
+        "keys": keys,
+        "in_flight": in_flight,
+        "qps": qps,
+        "queries": qps,
+        "seconds": 1.0,
+        "keys_per_s": qps * keys,
+        "latency_ms": latency,
+        "errors": 0,
+        "missing": 0,
+    }
+
+
+def _window(tps: float, p99: float, started_ms: float = 0.0) -> dict[str, Any]:
+    return {
+        "tps": tps,
+        "latency_ms": {"p50": p99 / 2, "p99": p99},
+        "cpu": {"workers": 0.4},
+        "started_ms": started_ms,
+        "ended_ms": started_ms + 1_000,
+    }
+
+
+BANK = {
+    "bench": "bank",
+    "results": [
+        {
+            "workers": w,
+            "tps": tps,
+            "rollbacks": 0,
+            "transfers": 200_000,
+            "cpu_us_per_tx": {"worker0": 20.0, "sequencer": 8.0},
+        }
+        for w, tps in ((1, 30_000.0), (2, 25_000.0))
+    ],
+    "baselines": [
+        {
+            "baseline": "plain bank",
+            "unit": "transfers",
+            "tps": 150_000.0,
+            "rollbacks": 0,
+            "cpu_us_per_tx": {"baseline": 4.0, "broker": 2.0},
+        },
+        {
+            "baseline": "exactly-once pipe",
+            "unit": "records",
+            "tps": 300_000.0,
+            "rollbacks": 0,
+            "cpu_us_per_tx": {"baseline": 1.3, "broker": 1.0},
+        },
+    ],
+    "steady": [],
+}
+QUERIES = {
+    "bench": "queries",
+    "args": {"in_flight": [32, 1], "levels": ["live", "snapshot"], "keys": [1, 10]},
+    "rate": 3_000,
+    "peak": {"tps": 6_000.0, "query": None},
+    "peak_with_queries": {
+        "tps": 5_500.0,
+        "query": {"level": "committed", "keys": 1, "in_flight": 32, "qps": 2_004.0},
+    },
+    "idle": [
+        _cell("live", 1, 32, 20_761.0, 4.9),
+        _cell("live", 1, 1, 5_413.0, 1.14),
+        _cell("snapshot", 10, 32, 601.0, 99.0),
+        _cell("snapshot", 10, 1, 412.0, 5.79),
+    ],
+    "load": [{**_cell("snapshot", 10, 1, 138.0, 31.62), "engine": _window(2_900.0, 640.0)}],
+    "engine_without_queries": [_window(3_100.0, 466.0), _window(3_050.0, 188.0)],
+}
+SNAPSHOTS = {
+    "bench": "snapshots",
+    "repeats": 3,
+    "results": [
+        {
+            "actors": 1_000_000,
+            "changed": 0.01,
+            "write_s": 0.0421,
+            "commit_s": 0.318,
+            "restore_s": 1.234,
+            "change_bytes": 353_500,
+            "state_bytes": 69_791_000,
+            "base": {"write_s": 23.1, "commit_s": 5.36},
+        },
+    ],
+}
+RESTART = {
+    "bench": "restart",
+    "restart": [],
+    "kill": {
+        "rate": 5_000,
+        "workers": 2,
+        "rollback_s": 0.17,
+        "first_output_s": 2.94,
+        "fresh_input_s": 7.14,
+        "recovered_s": 10.96,
+        "replayed_records": 190,
+        "runs": [
+            {
+                "rollback_s": 0.17,
+                "first_output_s": 2.94,
+                "fresh_input_s": None,
+                "recovered_s": 10.96,
+            }
+        ],
+    },
+}
+RECOVERY = {
+    "bench": "recover",
+    "args": {"transactions": 1_000_000, "accounts": 100_000, "branches": 1000, "per_epoch": 5000},
+    "digests_agree": True,
+    "results": [
+        {"how": "in-engine serial", "tps": 36_523.0, "seconds": 27.4, "seconds_runs": [27.4]},
+        {"how": "Spark local[2]", "tps": 7_028.0, "seconds": 142.3, "seconds_runs": [142.3]},
+    ],
+}
+
+
+def _measures_text(*reports: dict[str, Any], plotted: set[str] | None = None) -> str:
+    workload = _report("ycsbt", 10_000.0, None)
+    return render([workload, *reports], "epochal bench all", plotted or set())
+
+
+def test_the_bank_shows_its_slowdown_for_transactions_beside_tspoons_7x() -> None:
+    text = _measures_text(_measure("bank", BANK), plotted={"bank"})
+    bank = _section(text, "bank (TSpoon's 100,000 accounts)")
+    assert text.index("## ycsbt") < text.index("## bank")
+    assert "Run: `epochal bench bank --flags`." in bank
+    assert "| epochal, 1 worker(s), default cluster | 30,000 | 15,000 | 5.0x | 0 |" in bank
+    assert "| epochal, 2 worker(s), default cluster | 25,000 | 12,500 | 6.0x |" in bank
+    assert "| exactly-once pipe | 300,000 records/s | 150,000 | - |" in bank
+    assert "uniform, PL4 (serializable)" in bank and "about **7x**" in bank
+    assert "5.0x on 1 worker(s), 6.0x on 2 worker(s), against TSpoon's 7x" in bank
+    assert "![bank](bench/plots/bank.png)" in bank
+
+
+def test_queries_show_each_level_and_keys_idle_and_loaded_and_the_engine_beside_anchors() -> None:
+    queries = _section(_measures_text(_measure("queries", QUERIES)), "queries")
+    assert "| live | 1 | 20,761 | 0.28 / 1.14 | - | - |" in queries  # q/s at 32, latency at 1
+    assert "| snapshot | 10 | 601 | 1.45 / 5.79 | - | 7.91 / 31.62 |" in queries
+    assert queries.index("| live |") < queries.index("| snapshot |")
+    assert "| peak (backlog drain) | committed, 1 key(s), 2,004 q/s | 5,500 | - |" in queries
+    assert "| fed 3,000/s, queries running | snapshot, 138 q/s | 2,900 | 320 / 640 |" in queries
+    assert "**53,900 point queries/s**" in queries and "idle: 20,761 q/s (live)" in queries
+    assert "**at most 8 ms**" in queries
+    assert "640 ms with SNAPSHOT queries running; 466 ms before any query, 188 ms" in queries
+    assert "bench/plots" not in queries
+
+
+def test_snapshots_show_time_and_size_and_say_what_they_measure_instead_of_s_query() -> None:
+    snapshots = _section(_measures_text(_measure("snapshots", SNAPSHOTS)), "snapshots")
+    assert "| 1,000,000 | 1% | 0.042 | 0.318 | 1.234 | 0.4 | 69.8 | 23.10 / 5.36 |" in snapshots
+    assert "medians of 3" in snapshots
+    assert "**5 ms**" in snapshots and "Measured here instead" in snapshots
+
+
+def test_restart_shows_each_step_from_the_kill_beside_styx() -> None:
+    restart = _section(_measures_text(_measure("restart", RESTART)), "restart")
+    assert "while 5,000 transfers/s flow" in restart and "median of 1" in restart
+    assert "| the new generation's first output | 2.94 | 2.94 |" in restart
+    assert "| the first output of an input produced after the kill | 7.14 | - |" in restart
+    assert "Records replayed (median, the most of any worker): 190." in restart
+    assert "Styx: about **2.5 s**" in restart and "outputs again after 2.94 s" in restart
+
+
+def test_recovery_shows_replay_rates_and_says_no_anchor_is_published() -> None:
+    text = _measures_text(_measure("restart", RESTART), _measure("recovery", RECOVERY))
+    recovery = _section(text, "recovery")
+    assert text.index("## restart") < text.index("## recovery")
+    assert "command log of 1,000,000 transfers" in recovery
+    assert "| in-engine serial | 36,523 | 27.4 | 27.4 |" in recovery
+    assert "| Spark local[2] | 7,028 | 142.3 | 142.3 |" in recovery
+    assert "digests: all equal" in recovery
+    assert "**Anchor:** none published for a replay rate" in recovery
+
+
+def test_a_run_that_failed_or_exited_badly_says_so_in_its_section() -> None:
+    failed = {
+        "kind": "queries",
+        "title": "queries",
+        "command": "epochal bench queries",
+        "error": "the queries overlapped the drain",
+    }
+    differ = {**_measure("recovery", {**RECOVERY, "digests_agree": False}), "exit_code": 1}
+    text = _measures_text(failed, differ)
+    assert "The run did not complete: the queries overlapped the drain" in _section(text, "queries")
+    recovery = _section(text, "recovery")
+    assert "exited with status 1" in recovery and "digests: **differ**" in recovery

@@ -1,0 +1,277 @@
+"""BENCHMARKS.md's sections for the benchmarks that keep flags of their own (the bank, queries,
+snapshots, restart, recovery): each script's JSON as it wrote it, beside the published figure
+it is compared with, or a plain statement that there is none.
+
+A report here is ``{"kind", "title", "command", "result", "exit_code", "png"}``, or ``{"kind",
+"title", "command", "error"}`` for a run that wrote nothing: :func:`bench.cli.run_measure`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from bench.queries import engine_with_queries, summarize
+from bench.report import slug
+
+__all__ = ["section"]
+
+Cells = dict[tuple[str, int, int], dict[str, Any]]  # queries' cells by (level, keys, in flight)
+
+TSPOON_BANK = (
+    "TSpoon (JPDC 2020), bank transfers over 100,000 accounts, uniform, PL4 (serializable): "
+    "transactions cost about **7x** throughput against plain Flink without transactions."
+)
+TSPOON_QUERIES = "TSpoon (JPDC 2020): **53,900 point queries/s** on its cluster."
+S_QUERY_QUERIES = (
+    "S-QUERY (ICDE 2022): its queryable-snapshot configuration adds **at most 8 ms** to the "
+    "stream's latency at p99.99."
+)
+S_QUERY_SNAPSHOTS = "S-QUERY: snapshots add **5 ms** to the stream's latency at p99.99."
+STYX_RESTART = "Styx: about **2.5 s** from a kill to the first output, end to end."
+
+
+def section(report: dict[str, Any], cores: int, plotted: bool) -> list[str]:
+    """The heading, the command that made the figures, its kind's body, and the plot."""
+    lines = [f"## {HEADINGS[report['kind']]}", "", f"Run: `{report['command']}`.", ""]
+    if "result" not in report:
+        return [*lines, f"The run did not complete: {report['error']}", ""]
+    if report.get("exit_code"):
+        lines += [f"The run exited with status {report['exit_code']}.", ""]
+    lines += RENDERERS[report["kind"]](report["result"], cores)
+    if plotted:
+        lines += [f"![{report['title']}](bench/plots/{slug(report['title'])}.png)", ""]
+    return lines
+
+
+# --- the bank ---------------------------------------------------------------------------------
+
+
+def _bank(result: dict[str, Any], cores: int) -> list[str]:
+    plain = next(b["tps"] for b in result["baselines"] if b["baseline"] == "plain bank")
+    runs = result["results"]
+    lines = [
+        f"A backlog of {runs[0]['transfers']:,} transfers drained by the default cluster and, in "
+        "the same run over the same exactly-once Kafka batches, by the plain bank (one Python "
+        "process, the balances in a dict) and the exactly-once pipe (every record copied); "
+        "medians of the runs.",
+        "",
+        "| system | transfers/s | per core | slowdown for transactions (plain bank / it) "
+        "| rollbacks | CPU µs per transfer by role |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in runs + result["baselines"]:
+        label = r.get("baseline") or f"epochal, {r['workers']} worker(s), default cluster"
+        pipe = r.get("unit") == "records"  # its rate counts deposits too: no slowdown
+        slowdown = "-" if pipe else f"{plain / r['tps']:.1f}x"
+        cpu = ", ".join(f"{role} {us:.1f}" for role, us in r["cpu_us_per_tx"].items())
+        lines.append(
+            f"| {label} | {r['tps']:,.0f}{' records/s' if pipe else ''} | {r['tps'] / cores:,.0f} "
+            f"| {slowdown} | {r['rollbacks']} | {cpu} |"
+        )
+    ours = ", ".join(f"{plain / r['tps']:.1f}x on {r['workers']} worker(s)" for r in runs)
+    return [
+        *lines,
+        "",
+        f"**Anchor:** {TSPOON_BANK} epochal's slowdown for transactions: {ours}, against "
+        "TSpoon's 7x. The bars differ: TSpoon's is Flink on its cluster, epochal's one plain "
+        f"Python process sharing the {cores} cores with the broker.",
+        "",
+    ]
+
+
+# --- queries ----------------------------------------------------------------------------------
+
+
+def _queries(result: dict[str, Any], cores: int) -> list[str]:
+    many, one = max(result["args"]["in_flight"]), min(result["args"]["in_flight"])
+    idle, load = summarize(result["idle"]), summarize(result["load"])
+    levels = result["args"]["levels"]
+    lines = [
+        f"Point reads of the bank on 2 workers, by a client process on the same {cores} cores, "
+        f"with the engine idle and under {result['rate']:,} transfers/s: q/s with {many} "
+        f"queries in flight, latency with {one} at a time (p50 / p99 ms).",
+        "",
+        "| level | keys per query | idle q/s | idle latency | under load q/s "
+        "| under load latency |",
+        "|---|---|---|---|---|---|",
+    ]
+    for level, keys in sorted({k[:2] for k in idle | load}, key=lambda k: (levels.index(k[0]), k)):
+        lines.append(
+            f"| {level} | {keys:,} | {_qps(idle.get((level, keys, many)))} "
+            f"| {_latency(idle.get((level, keys, one)))} | {_qps(load.get((level, keys, many)))} "
+            f"| {_latency(load.get((level, keys, one)))} |"
+        )
+    return [*lines, "", *_engine(result), *_queries_anchor(result, idle, many)]
+
+
+def _qps(cell: dict[str, Any] | None) -> str:
+    return "-" if cell is None else f"{cell['qps']:,.0f}"
+
+
+def _latency(cell: dict[str, Any] | None) -> str:
+    if cell is None or math.isnan(cell["latency_ms"]["p50"]):  # NaN: no query answered
+        return "-"
+    return f"{cell['latency_ms']['p50']:.2f} / {cell['latency_ms']['p99']:.2f}"
+
+
+def _engine(result: dict[str, Any]) -> list[str]:
+    """The engine's transfers/s (and their latency, when fed at a rate) with and without
+    queries: what the queries cost it."""
+    lines = ["| the engine | queries | transfers/s | transfer p50 / p99 ms |", "|---|---|---|---|"]
+    for peak in (result.get("peak"), result.get("peak_with_queries")):
+        if peak:
+            lines.append(
+                f"| peak (backlog drain) | {_query(peak['query'])} | {peak['tps']:,.0f} | - |"
+            )
+    fed = f"fed {result['rate']:,}/s"
+    windows = [
+        (f"{fed}, {when} the queries", "none", window)
+        for when, window in zip(("before", "after"), result["engine_without_queries"], strict=True)
+    ]
+    for level in dict.fromkeys(r["level"] for r in result["load"]):
+        engine = engine_with_queries([r for r in result["load"] if r["level"] == level])
+        windows.append((f"{fed}, queries running", f"{level}, {engine['qps']:,.0f} q/s", engine))
+    for label, queries, w in windows:
+        ms = w["latency_ms"]
+        latency = f"{ms['p50']:,.0f} / {ms['p99']:,.0f}"
+        lines.append(f"| {label} | {queries} | {w['tps']:,.0f} | {latency} |")
+    return [*lines, ""]
+
+
+def _query(query: dict[str, Any] | None) -> str:
+    if query is None:
+        return "none"
+    return f"{query['level']}, {query['keys']} key(s), {query['qps']:,.0f} q/s"
+
+
+def _queries_anchor(result: dict[str, Any], idle: Cells, many: int) -> list[str]:
+    single = [cell for key, cell in idle.items() if key[1] == 1 and key[2] == many]
+    best = max(single, key=lambda cell: cell["qps"], default=None)
+    ours = "none measured" if best is None else f"{best['qps']:,.0f} q/s ({best['level']})"
+    return [
+        f"**Anchors:** {TSPOON_QUERIES} epochal's best 1-key q/s, idle: {ours}.",
+        "",
+        f"{S_QUERY_QUERIES} {_snapshot_cost(result)}",
+        "",
+    ]
+
+
+def _snapshot_cost(result: dict[str, Any]) -> str:
+    """What SNAPSHOT queries did to the engine's transfers: their p99 with the queries running
+    and in the windows before and after (a window is seconds long: no p99.99)."""
+    rows = [r for r in result["load"] if r["level"] == "snapshot"]
+    if not rows:
+        return "epochal: SNAPSHOT not measured."
+    before, after = (w["latency_ms"]["p99"] for w in result["engine_without_queries"])
+    during = engine_with_queries(rows)["latency_ms"]["p99"]
+    return (
+        f"epochal's transfers under load, p99 (a window is too short for p99.99): {during:,.0f} "
+        f"ms with SNAPSHOT queries running; {before:,.0f} ms before any query, {after:,.0f} ms "
+        "after them all."
+    )
+
+
+# --- snapshots, restart, recovery --------------------------------------------------------------
+
+
+def _snapshots(result: dict[str, Any], cores: int) -> list[str]:
+    lines = [
+        "The real `DeltaSnapshots` into a local warehouse, no Kafka: a base snapshot creates every "
+        "actor, then each measured snapshot has the given share changed; medians of "
+        f"{result['repeats']}. *Write* is the worker's side, *commit* the committer's, "
+        "*restore* what a restart loads.",
+        "",
+        "| actors | changed | write s | commit s | restore s | change files MB | state MB "
+        "| base snapshot write / commit s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["results"]:
+        base = r["base"]
+        lines.append(
+            f"| {r['actors']:,} | {r['changed']:.0%} | {r['write_s']:.3f} | {r['commit_s']:.3f} "
+            f"| {r['restore_s']:.3f} | {r['change_bytes'] / 1e6:.1f} "
+            f"| {r['state_bytes'] / 1e6:.1f} | {base['write_s']:.2f} / {base['commit_s']:.2f} |"
+        )
+    return [
+        *lines,
+        "",
+        f"**Anchor:** {S_QUERY_SNAPSHOTS} Measured here instead: a snapshot's own time and size, "
+        "not its effect on latency (`python -m bench.bank --snapshots off 1000 --rate half` "
+        "measures that, and is not part of this run).",
+        "",
+    ]
+
+
+def _restart(result: dict[str, Any], cores: int) -> list[str]:
+    kill = result["kill"]
+    runs = kill["runs"]
+    lines = [
+        f"kill -9 of one of {kill['workers']} workers while {kill['rate']:,} transfers/s flow; "
+        f"seconds from the kill, median of {len(runs)}.",
+        "",
+        "| from the kill to | seconds | runs |",
+        "|---|---|---|",
+    ]
+    for key, what in RESTART_STEPS:
+        every = ", ".join("-" if r[key] is None else f"{r[key]:.2f}" for r in runs)
+        lines.append(f"| {what} | {kill[key]:.2f} | {every} |")
+    return [
+        *lines,
+        "",
+        f"Records replayed (median, the most of any worker): {kill['replayed_records']:,.0f}.",
+        "",
+        f"**Anchor:** {STYX_RESTART} epochal: outputs again after {kill['first_output_s']:.2f} s, "
+        f"every worker recovered after {kill['recovered_s']:.2f} s.",
+        "",
+    ]
+
+
+def _recovery(result: dict[str, Any], cores: int) -> list[str]:
+    args = result["args"]
+    lines = [
+        f"Strong recovery of a command log of {args['transactions']:,} transfers "
+        f"({args['accounts']:,} accounts in {args['branches']:,} branches, "
+        f"{args['per_epoch']:,} an epoch) from the snapshot at epoch 0: the engine's serial "
+        "replay and the Spark job, which includes reading the log and the state and committing "
+        "the snapshot, not starting the session. Medians of the runs.",
+        "",
+        "| replay | transactions/s | seconds | runs (s) |",
+        "|---|---|---|---|",
+    ]
+    for r in result["results"]:
+        every = ", ".join(f"{s:.1f}" for s in r["seconds_runs"])
+        lines.append(f"| {r['how']} | {r['tps']:,.0f} | {r['seconds']:.1f} | {every} |")
+    agree = "all equal" if result["digests_agree"] else "**differ**"
+    return [
+        *lines,
+        "",
+        f"The recovered states' digests: {agree}.",
+        "",
+        "**Anchor:** none published for a replay rate. Styx's 2.5 s from a kill to the first "
+        "output is end to end, and is compared with in the restart section.",
+        "",
+    ]
+
+
+RESTART_STEPS = (
+    ("rollback_s", "the rollback (a new generation)"),
+    ("first_output_s", "the new generation's first output"),
+    ("fresh_input_s", "the first output of an input produced after the kill"),
+    ("recovered_s", "every worker recovered"),
+)
+HEADINGS = {
+    "bank": "bank (TSpoon's 100,000 accounts)",
+    "queries": "queries (point reads per isolation level)",
+    "snapshots": "snapshots (time and size)",
+    "restart": "restart (kill -9 of a worker)",
+    "recovery": "recovery (replay of the command log)",
+}
+RENDERERS: dict[str, Callable[[dict[str, Any], int], list[str]]] = {
+    "bank": _bank,
+    "queries": _queries,
+    "snapshots": _snapshots,
+    "restart": _restart,
+    "recovery": _recovery,
+}
