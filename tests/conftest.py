@@ -7,11 +7,14 @@ ports in a temporary data directory and stopped at the end of the run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,11 +43,17 @@ settings.load_profile("epochal")
 def free_ports(count: int) -> int:
     """A port p such that p .. p+count-1 are free on 127.0.0.1, below the kernel's ephemeral
     range: a port from that range can be taken meanwhile by any outgoing connection (a Kafka
-    client's, say) before the worker that was given it binds it."""
-    low = _ephemeral_low()
+    client's, say) before the worker that was given it binds it. Under xdist, each worker
+    picks from a share of its own, so that two tests never pick the same port at once."""
+    high = _ephemeral_low()
+    low = max(1024, high - 12000)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    share = (high - low) // workers  # each xdist worker picks from its own share: no race
+    low, high = low + worker * share, low + (worker + 1) * share
     rng = random.Random()
     for _ in range(200):
-        port = rng.randrange(max(1024, low - 12000), low - count)
+        port = rng.randrange(low, high - count)
         if all(port_is_free(port + offset) for offset in range(count)):
             return port
     raise RuntimeError(f"no {count} adjacent free ports on 127.0.0.1")
@@ -139,10 +148,18 @@ def own_cache(tmp_path: Path, cache: CacheConfig) -> Iterator[CacheConfig]:
 def kafka_config(
     cache: CacheConfig, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KafkaConfig]:
-    configured = os.environ.get("EPOCHAL_KAFKA_BOOTSTRAP")
+    configured = os.environ.get("EPOCHAL_KAFKA_BOOTSTRAP")  # or the controller's, under xdist
     if configured:
         yield KafkaConfig(configured)
-    elif _docker_answers():
+    else:
+        with _broker(cache, tmp_path_factory.mktemp("kafka")) as config:
+            yield config
+
+
+@contextlib.contextmanager
+def _broker(cache: CacheConfig, data_dir: Path) -> Iterator[KafkaConfig]:
+    """A testcontainers Kafka when a Docker engine answers, else the local broker."""
+    if _docker_answers():
         from testcontainers.kafka import KafkaContainer
 
         container = (
@@ -153,20 +170,65 @@ def kafka_config(
         )
         with container:
             yield KafkaConfig(container.get_bootstrap_server())
-    else:
-        broker = LocalBroker(
-            LocalBrokerConfig(
-                port=free_port_pair(),
-                data_dir=tmp_path_factory.mktemp("kafka"),
-                jar_dir=cache.jar_dir(JarSet.KAFKA_BROKER.value),
-                heap_mb=768,
-            )
+        return
+    broker = LocalBroker(
+        LocalBrokerConfig(
+            port=free_port_pair(),
+            data_dir=data_dir,
+            jar_dir=fetch_jars(cache, JarSet.KAFKA_BROKER),
+            heap_mb=768,
         )
-        broker.start()
-        try:
-            yield KafkaConfig(broker.config.bootstrap)
-        finally:
-            broker.stop()
+    )
+    broker.start()
+    try:
+        yield KafkaConfig(broker.config.bootstrap)
+    finally:
+        broker.stop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist (``./dev test`` runs two workers), the controller starts the run's one broker
+    before the workers start, and hands it to them as ``EPOCHAL_KAFKA_BOOTSTRAP``."""
+    controller = not hasattr(config, "workerinput")
+    if not controller or not config.getoption("numprocesses", None):
+        return
+    if os.environ.get("EPOCHAL_KAFKA_BOOTSTRAP"):
+        return
+    stack = contextlib.ExitStack()
+    data_dir = Path(tempfile.mkdtemp(prefix="epochal-test-kafka-"))
+    stack.callback(shutil.rmtree, data_dir, ignore_errors=True)
+    broker = stack.enter_context(_broker(CacheConfig(cache_dir_from_env()), data_dir))
+    os.environ["EPOCHAL_KAFKA_BOOTSTRAP"] = broker.bootstrap_servers
+    config.stash[_BROKER] = stack
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stack = config.stash.get(_BROKER, None)
+    if stack is not None:
+        os.environ.pop("EPOCHAL_KAFKA_BOOTSTRAP", None)
+        stack.close()
+
+
+_BROKER = pytest.StashKey[contextlib.ExitStack]()
+SERIAL_GROUPS = {
+    # their commands run as documented, on the default ports (7700, 9400, 19792, ...)
+    "test_documented_commands.py": "default-ports",
+    "test_schema_evolution.py": "default-ports",
+    "test_deploys.py": "default-ports",
+    "test_start_failures.py": "default-ports",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under xdist, tests that must not overlap each other run on one worker, in turn: those on
+    the default ports, and those on the run's one Spark session (``spark``)."""
+    for item in items:
+        group = SERIAL_GROUPS.get(item.path.name)
+        if group is None and "spark" in getattr(item, "fixturenames", ()):
+            group = "spark"
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
