@@ -14,15 +14,17 @@ key of one of its partitions (however many of its partitions the transaction tou
 
 Running a transaction once per worker (not once per local partition) means that partitions of
 one worker never exchange anything, and that every participant decodes its own event and reads:
-no two runs ever share a value. Sends are buffered and flushed once per pass over the pending
-transactions, so a chain of dependent cross-worker transactions costs a few exchange rounds per
-epoch, never a round trip per transaction. There is no deadlock: every worker follows the same
-global order, so each wait is on a transaction that every participant reaches.
+no two runs ever share a value. Transactions wait in per-key chains built once per epoch, so a
+transaction is looked at again only when one of its chains moves, however many exchange rounds
+the epoch takes; sends are buffered and flushed once per round, when nothing more can run.
+There is no deadlock: every worker follows the same global order, so each wait is on a
+transaction that every participant reaches.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -130,44 +132,50 @@ class EpochExecutor:
     ) -> dict[PartitionId, list[TxnOutcome]]:
         """Run this worker's share of an epoch; the outcomes each local partition reports."""
         reported: dict[PartitionId, list[TxnOutcome]] = {p: [] for p in self.partitions}
-        pending = steps
-        while pending:
-            pending, progressed = self._pass(clock, pending, exchange, reported)
+        if all(len(step.workers) == 1 for step in steps):  # nothing to wait for: in order
+            for step in steps:
+                self._execute(clock, step, {}, reported)
+            return reported
+        chains = _Chains(steps)
+        waiting: list[int] = []  # cross-worker steps whose local keys are final, reads sent
+        while chains.left:
+            while chains.ready:
+                index = heapq.heappop(chains.ready)
+                step = steps[index]
+                if len(step.workers) > 1:
+                    self._send_reads(step, exchange)
+                    remote = self._remote(step)
+                    if remote is None:
+                        waiting.append(index)
+                        continue
+                else:
+                    remote = {}
+                self._execute(clock, step, remote, reported)
+                chains.done(index)
             await exchange.flush()
-            if pending and not progressed:
+            if chains.left and not chains.ready:
                 await self._arrived.wait()
                 self._arrived.clear()
+                still: list[int] = []
+                for index in waiting:
+                    if self._has_reads(steps[index]):
+                        heapq.heappush(chains.ready, index)
+                    else:
+                        still.append(index)
+                waiting = still
+        for outcomes in reported.values():  # in timestamp order, whatever the arrival order
+            outcomes.sort(key=_seq)
         return reported
 
-    def _pass(
-        self,
-        clock: EpochClock,
-        pending: list[Step],
-        exchange: Exchange,
-        reported: dict[PartitionId, list[TxnOutcome]],
-    ) -> tuple[list[Step], bool]:
-        """One pass in timestamp order: run what is ready, send what is final, keep the rest."""
-        held: set[KeyRef] = set()
-        still: list[Step] = []
-        progressed = False
-        for step in pending:
-            if held and not held.isdisjoint(step.local_keys):
-                still.append(step)
-                held.update(step.local_keys)
-                continue
-            remote: Mapping[KeyRef, bytes | None] = {}
-            if len(step.workers) > 1:
-                self._send_reads(step, exchange)
-                key = (step.invocation.epoch, step.invocation.seq)
-                remote = self._inbox.get(key, {})
-                if len(remote) + len(step.local_keys) < len(step.invocation.keys):
-                    still.append(step)
-                    held.update(step.local_keys)
-                    continue
-                self._inbox.pop(key, None)
-            self._execute(clock, step, remote, reported)
-            progressed = True
-        return still, progressed
+    def _has_reads(self, step: Step) -> bool:
+        remote = self._inbox.get((step.invocation.epoch, step.invocation.seq), {})
+        return len(remote) + len(step.local_keys) >= len(step.invocation.keys)
+
+    def _remote(self, step: Step) -> Mapping[KeyRef, bytes | None] | None:
+        """The other workers' reads of ``step``, taken from the inbox; None until all came."""
+        if not self._has_reads(step):
+            return None
+        return self._inbox.pop((step.invocation.epoch, step.invocation.seq), {})
 
     def _send_reads(self, step: Step, exchange: Exchange) -> None:
         if step.sent:
@@ -202,3 +210,36 @@ class EpochExecutor:
                     self.store.apply(ref, step.partitions[local.index(ref)], value, epoch)
         if step.reporter is not None:
             reported[step.reporter].append(outcome)
+
+
+def _seq(outcome: TxnOutcome) -> int:
+    return outcome.seq
+
+
+class _Chains:
+    """Per-key operation chains of an epoch's steps (TStream): a step is ready once it heads the
+    chain of every one of its local keys. Each step is looked at once per key, however many
+    exchange rounds the epoch takes."""
+
+    def __init__(self, steps: Sequence[Step]) -> None:
+        self.blockers = [0] * len(steps)
+        self.next: list[list[int]] = [[] for _ in steps]
+        last: dict[KeyRef, int] = {}
+        for index, step in enumerate(steps):
+            for ref in step.local_keys:
+                before = last.get(ref)
+                if before is not None and before != index:  # a key named twice: one link
+                    self.next[before].append(index)
+                    self.blockers[index] += 1
+                last[ref] = index
+        self.ready = [i for i, n in enumerate(self.blockers) if n == 0]  # sorted: a heap
+        self.left = len(steps)
+
+    def done(self, index: int) -> None:
+        """Step ``index`` ran: the next step of each of its chains may now be ready."""
+        self.left -= 1
+        blockers = self.blockers
+        for after in self.next[index]:
+            blockers[after] -= 1
+            if blockers[after] == 0:
+                heapq.heappush(self.ready, after)

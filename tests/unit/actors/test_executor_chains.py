@@ -1,0 +1,97 @@
+"""The executor's per-key chains across two workers: a transaction waiting for another worker's
+reads holds its local keys, so a later transaction on one of them waits for it, and nothing
+runs twice or is lost, whatever order the reads arrive in."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from epochal.actors.executor import EpochExecutor, Reads, runs_on, split_plan
+from epochal.actors.oracle import SerialOracle
+from epochal.actors.partitioning import KeyRanges
+from epochal.actors.plan import EpochClock, plan_epoch
+from epochal.actors.store import StateStore
+from epochal.schemas.canonical import decode_canonical
+from epochal.schemas.commands import KeyRef, PartitionId
+from tests.unit.actors.workload import Account, Deposit, Transfer, app, command_log
+
+WORKER_OF = [0, 1]  # partition p on worker p
+
+
+class HeldExchange:
+    """Reads between in-process executors, delivered when the sender flushes, after the
+    receiver of the late side has had ``delay`` turns of the loop: the slow peer."""
+
+    def __init__(self, executors: list[EpochExecutor], delay: Sequence[int]) -> None:
+        self.executors, self.delay = executors, delay
+
+    def of(self, worker: int) -> HeldExchange.Side:
+        return HeldExchange.Side(self, worker)
+
+    class Side:
+        def __init__(self, exchange: HeldExchange, worker: int) -> None:
+            self.exchange, self.worker = exchange, worker
+            self.buffered: list[tuple[int, int, int, Reads]] = []
+
+        def send(self, to: int, epoch: int, seq: int, reads: Reads) -> None:
+            self.buffered.append((to, epoch, seq, reads))
+
+        async def flush(self) -> None:
+            sends, self.buffered = self.buffered, []
+            for _ in range(self.exchange.delay[self.worker]):
+                await asyncio.sleep(0)
+            for to, epoch, seq, reads in sends:
+                self.exchange.executors[to].receive(epoch, seq, dict(reads))
+
+
+def _accounts() -> tuple[int, int, int]:
+    """Two accounts on partition 0 (worker 0) and one on partition 1 (worker 1)."""
+    ranges = KeyRanges.even(app, 2)
+    on: dict[int, list[int]] = {0: [], 1: []}
+    for account in range(40):
+        on[ranges.partition_of(KeyRef("Account", account))].append(account)
+    return on[0][0], on[0][1], on[1][0]
+
+
+def _run(batches: list[list[object]], delay: Sequence[int]) -> list[dict[KeyRef, bytes]]:
+    records = command_log(batches)
+    ranges = KeyRanges.even(app, 2)
+    executors = [
+        EpochExecutor(app, w, [PartitionId(w)], StateStore([PartitionId(w)])) for w in (0, 1)
+    ]
+    exchange = HeldExchange(executors, delay)
+
+    async def worker(w: int) -> None:
+        runs_here = runs_on(ranges, WORKER_OF, w)
+        for record in records:
+            steps = split_plan(plan_epoch(app, record, [], runs_here), ranges, WORKER_OF, w)
+            await executors[w].run_epoch(EpochClock.of(record), steps, exchange.of(w))
+
+    async def both() -> None:
+        await asyncio.gather(worker(0), worker(1))
+
+    asyncio.run(both())
+    return [dict(e.store.items()) for e in executors]
+
+
+def test_a_later_local_transaction_waits_for_a_cross_worker_one_on_its_key() -> None:
+    a, c, b = _accounts()  # a, c on worker 0; b on worker 1
+    batches: list[list[object]] = [
+        [Deposit(a, 100), Deposit(b, 100), Deposit(c, 100)],
+        # a → b spans both workers; a → c, later, is worker 0's alone but on a's key: it must
+        # see a's balance after a → b, however late worker 1's read of b comes
+        [Transfer(a, b, 70), Transfer(a, c, 50), Transfer(c, a, 5), Transfer(b, a, 1)],
+    ]
+    oracle = SerialOracle(app)
+    oracle.run(command_log(batches))
+    for delay in ([0, 0], [0, 5], [5, 0]):
+        stores = _run(batches, delay)
+        merged = {ref: value for store in stores for ref, value in store.items()}
+        assert merged == oracle.state, delay
+        balances = {
+            ref.key: decode_canonical(value, Account).balance
+            for ref, value in merged.items()
+            if ref.actor_type == "Account"
+        }
+        assert balances == {a: 100 - 70 + 5 + 1, b: 100 + 70 - 1, c: 100 - 5}, delay
