@@ -121,12 +121,16 @@ def make_app(
     removal_every: int = REMOVAL_EVERY,
     name: str = "leaderboard",
     standings_to: str | None = None,
+    client_votes: bool = False,
 ) -> App:
     """An app with its own thresholds (tests use small ones to see many removals).
 
     ``standings_to``: an egress that every valid vote writes one :class:`VoteStandings` to, its
     removal included (then nothing goes to ``removals``), so that each vote has exactly one
     output record, its standings or its rejection: what ``bench.workloads.leaderboard`` needs.
+    ``client_votes``: a client may also send a vote itself and wait for its outcome
+    (``Client(app, ...).submit("vote", Vote(...))``, through the requests topic), as S-Store's
+    H-Store baseline does; votes on the topic run as before.
     """
     if candidates < 1 or removal_every < 1:
         raise ValueError("candidates and removal_every must be positive")
@@ -140,6 +144,7 @@ def make_app(
         event=Vote,
         keys=lambda e: {Voter: [e.phone], Board: [BOARD]},
         aborts_to="rejected",
+        client=client_votes,
     )
     def vote(ctx: Context, e: Vote) -> None:
         """Validate, count, maybe remove the weakest candidate, refresh the leaderboards."""
