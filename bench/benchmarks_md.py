@@ -2,7 +2,8 @@
 
 One section per workload: its setup and parameters, epochal's figures beside the baselines' of
 the same run (ratios, CPU per transaction by role), open-loop latency and the sustainable rate
-when measured, and the anchor: the published figure of the system the workload comes from,
+when measured, the leaderboard's client-ordered rate beside its drain's (as S-Store sets its own
+beside H-Store's), and the anchor: the published figure of the system the workload comes from,
 with its setup, and a per-core figure where the anchor gives one. Then one per benchmark with
 flags of its own (a report with a ``kind``: :mod:`bench.measures_md`). The plots go beside it.
 """
@@ -17,7 +18,7 @@ from typing import Any
 from bench import measures_md
 from bench.report import slug
 
-__all__ = ["render", "write"]
+__all__ = ["client_ordered_line", "render", "write"]
 
 
 def write(reports: Sequence[dict[str, Any]], root: Path, command: str) -> Path:
@@ -102,7 +103,9 @@ def _section(report: dict[str, Any], cores: int, plotted: bool) -> list[str]:
             f"(the rate grows by half each phase until p99 passes 20x the unloaded "
             f"{r['unloaded_p99_ms']:.0f} ms or the egress falls behind)."
         )
-    if report.get("steady") or report.get("search"):
+    if report.get("client_ordered"):
+        lines.append(client_ordered_line(report))
+    if report.get("steady") or report.get("search") or report.get("client_ordered"):
         lines.append("")
     lines += [f"**Anchor:** {report['anchor']}", ""]
     best = max((r["tps"] for r in report["results"]), default=0.0)
@@ -117,6 +120,29 @@ def _section(report: dict[str, Any], cores: int, plotted: bool) -> list[str]:
     if plotted:
         lines += [f"![{report['title']}](bench/plots/{slug(report['title'])}.png)", ""]
     return lines
+
+
+def client_ordered_line(report: dict[str, Any]) -> str:
+    """The client-ordered run (:mod:`bench.client_ordered`) in a sentence: its rate, its latency,
+    and how many times faster the drain on as many workers is, beside S-Store's ratio to the
+    client-ordered H-Store."""
+    run = report["client_ordered"]
+    ms, workers = run["latency_ms"], run["workers"]
+    line = (
+        f"Client-ordered, {workers} worker(s): one client sends each vote as its own client "
+        f"transaction (`Client.submit`) and waits for its outcome: {run['votes_per_s']:,.0f} "
+        f"votes/s over {run['votes']:,} votes, p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} ms "
+        "per vote."
+    )
+    drained = [r["tps"] for r in report["results"] if r["workers"] == workers]
+    (system, system_tps), (ordered, ordered_tps) = run["anchor_tps"].items()
+    if drained:
+        line += (
+            f" The drain, {drained[0]:,.0f} tx/s, is {drained[0] / run['votes_per_s']:.1f}x "
+            f"that; {system}'s {system_tps:,} batches/s were {system_tps / ordered_tps:.1f}x "
+            f"{ordered}'s {ordered_tps:,}."
+        )
+    return line
 
 
 def _ratio(value: float | None) -> str:

@@ -39,12 +39,14 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import bank, benchmarks_md, queries, recover, restart, snapshots
+from bench.client_ordered import client_ordered
 from bench.drain import ROOT, CheckFailed, drain_baseline, drain_cluster
 from bench.processes import Setup
 from bench.report import machine, plot_bars, slug, write_result
 from bench.steady import search_sustainable, steady_run
 from bench.workloads import WORKLOADS
 from bench.workloads.base import Workload
+from bench.workloads.leaderboard import Leaderboard
 from bench.workloads.ycsbt import YcsbT
 from epochal.config import CacheConfig, LocalBrokerConfig, cache_dir_from_env
 from epochal.jvm import JarSet, fetch_jars
@@ -194,6 +196,7 @@ def run_workload(
     changed = {k: v for k, v in workload.parameters().items() if v != defaults.get(k)}
     return {
         **_open_loop(workload, args, bootstrap),
+        **_client_ordered(workload, args, bootstrap, broker_pid),
         "workload": workload.name,
         "title": " ".join([workload.name, *(f"{k}={v}" for k, v in changed.items())]),
         "parameters": workload.parameters(),
@@ -245,6 +248,28 @@ def _open_loop(workload: Workload, args: argparse.Namespace, bootstrap: str) -> 
     return report
 
 
+def _client_ordered(
+    workload: Workload, args: argparse.Namespace, bootstrap: str, broker_pid: int | None
+) -> dict[str, Any]:
+    """The leaderboard's votes sent one at a time by a client (:mod:`bench.client_ordered`), on
+    the fewest workers drained; not with ``--quick`` (a cluster's start for a figure)."""
+    if not isinstance(workload, Leaderboard) or not workload.client_votes or args.quick:
+        return {}
+    workers = min(args.workers)
+    console.print(
+        f"{workload.name}: {workers} worker(s), {workload.client_votes} votes client-ordered"
+    )
+    run = client_ordered(
+        workload,
+        bootstrap,
+        Setup(ROOT, workers),
+        port_base=args.port_base + 2_000,
+        broker_pid=broker_pid,
+        seed=args.seed,
+    )
+    return {"client_ordered": run}
+
+
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ordered = sorted(runs, key=lambda r: r["tps"])
     return {
@@ -276,6 +301,9 @@ def _print(report: dict[str, Any]) -> None:
     for r in report["results"]:
         if "checked" in r:
             console.print(f"checked ({r['workers']} worker(s)): {r['checked']}")
+    if report.get("client_ordered"):
+        console.print(benchmarks_md.client_ordered_line(report))
+        console.print(f"checked: {report['client_ordered']['checked']}")
     for r in report.get("steady", []):
         ms = r["latency_ms"]
         console.print(

@@ -269,3 +269,26 @@ def test_a_run_that_failed_or_exited_badly_says_so_in_its_section() -> None:
     assert "The run did not complete: the queries overlapped the drain" in _section(text, "queries")
     recovery = _section(text, "recovery")
     assert "exited with status 1" in recovery and "digests: **differ**" in recovery
+
+
+def test_the_leaderboard_sets_its_drain_against_its_client_ordered_run_as_s_store_did() -> None:
+    report = _report("leaderboard", 18_000.0, None)
+    report["results"].append({**report["results"][0], "workers": 2, "tps": 11_000.0})
+    report["client_ordered"] = {
+        "workers": 1,
+        "votes": 500,
+        "votes_per_s": 40.0,
+        "latency_ms": {"p50": 24.6, "p99": 41.2, "p99.9": 50.0, "max": 60.0},
+        "anchor_tps": {"S-Store": 2_200, "client-ordered H-Store": 210},
+    }
+    section = render([report, _report("ycsbt", 10_000.0, None)], "epochal bench all", set())
+    leaderboard, ycsbt = section.split("## leaderboard")[1].split("## ycsbt")
+    assert (
+        "Client-ordered, 1 worker(s): one client sends each vote as its own client transaction "
+        "(`Client.submit`) and waits for its outcome: 40 votes/s over 500 votes, p50 25 ms, "
+        "p99 41 ms per vote." in leaderboard
+    )
+    assert "The drain, 18,000 tx/s, is 450.0x that;" in leaderboard  # the 1-worker drain's
+    assert "S-Store's 2,200 batches/s were 10.5x client-ordered H-Store's 210." in leaderboard
+    assert leaderboard.index("Client-ordered") < leaderboard.index("**Anchor:**")
+    assert "Client-ordered" not in ycsbt
