@@ -116,11 +116,15 @@ def children(pid: int) -> list[int]:
         return []
 
 
+OUTSIDE = ("broker", "bench")  # roles whose memory is not the system's under test
+
+
 class RssSampler(threading.Thread):
     """Samples a run's processes (from its status file, or ``pids``: a baseline's one process):
     their RSS every ``interval_s`` (the peak per role, and the whole series) and their CPU time
     every ``cpu_interval_s`` (per role, summed over every process that held it: a rollback
-    starts new ones)."""
+    starts new ones). The broker's and this process's CPU count too (``broker``, ``bench``: the
+    load generator of an open-loop run, and the reader of the egress), not their memory."""
 
     def __init__(
         self,
@@ -167,12 +171,13 @@ class RssSampler(threading.Thread):
                 continue
             if self.broker_pid is not None:
                 roles["broker"] = self.broker_pid
+            roles["bench"] = os.getpid()  # the load generator (open loop) and egress reader
             self._sample_cpu(roles)
             if self.logging_from is None and self.log_end is not None and self.log_end() > 0:
                 self.logging_from = self.cpu[-2][0] if len(self.cpu) > 1 else self.cpu[-1][0]
             if time.monotonic() >= next_rss:
                 next_rss += self.interval_s
-                sample = {role: rss_mb(pid) for role, pid in roles.items() if role != "broker"}
+                sample = {r: rss_mb(pid) for r, pid in roles.items() if r not in OUTSIDE}
                 self.series.append((time.monotonic() - started, sample))
                 for role, mb in sample.items():
                     self.peak[role] = max(self.peak.get(role, 0.0), mb)
