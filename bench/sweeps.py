@@ -1,0 +1,98 @@
+"""A sweep: one workload's throughput against one of its parameters (TStream's figures: skew,
+multi-partition share, transaction length), each configuration a line, as JSON, a PNG and a
+BENCHMARKS.md section.
+
+``epochal bench tstream-gs --sweep zipf=0,0.3,0.6,0.9`` runs the workload once per value; the
+runs' reports, in that order, make the sweep."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.report import slug
+
+__all__ = ["plot_lines", "section", "summary"]
+
+
+def summary(reports: Sequence[dict[str, Any]], field: str) -> dict[str, Any]:
+    """The sweep over ``field`` of the workload's ``reports`` (one per value): per value, each
+    epochal configuration's and each baseline's transactions per second (the pipe's records per
+    second are no transactions: left out)."""
+    first = reports[0]
+    points = []
+    for report in reports:
+        lines = {f"epochal, {r['workers']} worker(s)": r["tps"] for r in report["results"]}
+        for baseline in report["baselines"]:
+            if baseline.get("unit") != "records":
+                lines[baseline["baseline"]] = baseline["tps"]
+        points.append({"value": report["parameters"][field], "tps": lines})
+    return {
+        "kind": "sweep",
+        "workload": first["workload"],
+        "field": field,
+        "title": f"{first['workload']} sweep {field}",
+        "description": first["description"],
+        "fixed": {k: v for k, v in first["parameters"].items() if k != field},
+        "transactions": first["transactions"],
+        "repeats": first["repeats"],
+        "machine": first["machine"],
+        "points": points,
+    }
+
+
+def section(sweep: dict[str, Any], plotted: bool) -> list[str]:
+    """BENCHMARKS.md lines: a row per value, a column per configuration."""
+    names = list(dict.fromkeys(name for p in sweep["points"] for name in p["tps"]))
+    fixed = ", ".join(f"{k} {v}" for k, v in sweep["fixed"].items())
+    lines = [
+        f"## {sweep['workload']}: throughput against {sweep['field']}",
+        "",
+        f"{sweep['description']}",
+        "",
+        f"Swept: {sweep['field']}; fixed: {fixed}. {sweep['transactions']:,} measured "
+        f"transactions per run, {sweep['repeats']} run(s) per point (median), tx/s:",
+        "",
+        "| " + " | ".join([sweep["field"], *names]) + " |",
+        "|" + "---|" * (len(names) + 1),
+    ]
+    for point in sweep["points"]:
+        cells = [_tps(point["tps"].get(name)) for name in names]
+        lines.append("| " + " | ".join([str(point["value"]), *cells]) + " |")
+    lines.append("")
+    if plotted:
+        lines += [f"![{sweep['title']}](bench/plots/{slug(sweep['title'])}.png)", ""]
+    return lines
+
+
+def _tps(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def plot_lines(path: Path, sweep: dict[str, Any]) -> bool:
+    """The sweep as a PNG, a line per configuration; False (and a note) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no matplotlib: no PNG (pip install matplotlib)", file=sys.stderr)
+        return False
+    values = [p["value"] for p in sweep["points"]]
+    names = list(dict.fromkeys(name for p in sweep["points"] for name in p["tps"]))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in names:
+        ys = [p["tps"].get(name) for p in sweep["points"]]
+        ax.plot(values, [float("nan") if y is None else y for y in ys], marker="o", label=name)
+    ax.set_xlabel(sweep["field"])
+    ax.set_ylabel("tx/s (median)")
+    ax.set_yscale("log")  # the baselines run several times faster: every line readable
+    ax.set_title(f"{sweep['workload']}: throughput against {sweep['field']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
