@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import measures_md
+from bench import measures_md, sweeps
 from bench.report import slug
 
 __all__ = ["client_ordered_line", "render", "write"]
@@ -57,11 +57,12 @@ def render(reports: Sequence[dict[str, Any]], command: str, plotted: set[str]) -
     ]
     for report in reports:
         plot = report["title"] in plotted
-        lines += (
-            measures_md.section(report, cores, plot)
-            if "kind" in report
-            else _section(report, cores, plot)
-        )
+        if report.get("kind") == "sweep":
+            lines += sweeps.section(report, plot)
+        elif "kind" in report:
+            lines += measures_md.section(report, cores, plot)
+        else:
+            lines += _section(report, cores, plot)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -38,7 +38,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench import bank, benchmarks_md, queries, recover, restart, snapshots
+from bench import bank, benchmarks_md, queries, recover, restart, snapshots, sweeps
 from bench.client_ordered import client_ordered
 from bench.drain import ROOT, CheckFailed, drain_baseline, drain_cluster
 from bench.processes import Setup
@@ -47,6 +47,7 @@ from bench.steady import search_sustainable, steady_run
 from bench.workloads import WORKLOADS
 from bench.workloads.base import Workload
 from bench.workloads.leaderboard import Leaderboard
+from bench.workloads.tstream import GrepSum, StreamingLedger
 from bench.workloads.ycsbt import YcsbT
 from epochal.config import CacheConfig, LocalBrokerConfig, cache_dir_from_env
 from epochal.jvm import JarSet, fetch_jars
@@ -368,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         parser = _workload_parser(kind)
         args = _settled(parser, parser.parse_args(rest))
         workload = kind(**{f.name: getattr(args, f.name) for f in dataclasses.fields(kind)})
-        return _run(_swept(parser, workload, args.sweep), args)
+        field = args.sweep.partition("=")[0].replace("-", "_") if args.sweep else None
+        return _run(_swept(parser, workload, args.sweep), args, sweep=field)
     print(f"epochal bench: no workload {name!r}; one of {', '.join(names)}", file=sys.stderr)
     return 2
 
@@ -400,11 +402,20 @@ def _swept(
         parser.error(f"--sweep {sweep}: {exc}")
 
 
-def _run(workloads: list[Workload], args: argparse.Namespace, full: bool = False) -> int:
-    """Each workload in turn on one broker; ``full`` (``all`` without ``--quick``): then each
-    of :func:`measures`, and BENCHMARKS.md from every result."""
+def _run(
+    workloads: list[Workload],
+    args: argparse.Namespace,
+    full: bool = False,
+    sweep: str | None = None,
+) -> int:
+    """Each workload in turn on one broker; ``sweep``: the runs are one sweep of that field;
+    ``full`` (``all`` without ``--quick``): then :func:`sweep_plan`'s sweeps and each of
+    :func:`measures`, and BENCHMARKS.md from every result."""
     try:
         reports = _run_workloads(workloads, args)
+        if sweep is not None:
+            _save_sweep(sweeps.summary(reports, sweep), args.out)
+        swept = [_sweep(points, field, args) for points, field in sweep_plan()] if full else []
     except CheckFailed as failed:
         console.print(f"[red]the run does not equal the serial oracle:[/] {failed}")
         return 1
@@ -412,7 +423,7 @@ def _run(workloads: list[Workload], args: argparse.Namespace, full: bool = False
         return 0
     facts = reports[0]["machine"]
     ran = [run_measure(name, argv, args.out, facts) for name, argv in measures()]
-    written = benchmarks_md.write([*reports, *ran], ROOT, "epochal bench all")
+    written = benchmarks_md.write([*reports, *swept, *ran], ROOT, "epochal bench all")
     console.print(f"wrote {written}")
     return 0 if all(r.get("exit_code") == 0 for r in ran) else 1
 
@@ -439,6 +450,37 @@ def _run_workloads(workloads: list[Workload], args: argparse.Namespace) -> list[
         if broker is not None:
             broker.stop()
     return reports
+
+
+def sweep_plan() -> list[tuple[list[Workload], str]]:
+    """The sweeps a full ``all`` runs, as TStream's figures do: grep and sum against skew, the
+    streaming ledger against the share of multi-partition transactions."""
+    return [
+        ([GrepSum(zipf=z) for z in (0.0, 0.3, 0.6, 0.9)], "zipf"),
+        ([StreamingLedger(multi_partition=m) for m in (0.0, 0.25, 0.5, 1.0)], "multi_partition"),
+    ]
+
+
+SWEEP_TRANSACTIONS = 50_000  # per point, once: a sweep shows a shape, not a figure
+
+
+def _sweep(points: list[Workload], field: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One sweep of a full ``all``: each point once, on a smaller backlog, with the plain
+    baseline (the reference line), without open-loop runs."""
+    point_args = argparse.Namespace(**vars(args))
+    point_args.transactions, point_args.repeats = SWEEP_TRANSACTIONS, 1
+    point_args.anchor_rates, point_args.rate = False, None
+    summary = sweeps.summary(_run_workloads(points, point_args), field)
+    _save_sweep(summary, args.out)
+    return summary
+
+
+def _save_sweep(summary: dict[str, Any], out: Path) -> None:
+    stem = out / f"{slug(summary['title'])}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if sweeps.plot_lines(stem.with_suffix(".png"), summary):
+        summary["png"] = str(stem.with_suffix(".png"))
+    console.print("\n".join(sweeps.section(summary, plotted=False)))
+    console.print(f"sweep in {write_result(stem, summary)}")
 
 
 def measures() -> list[tuple[str, list[str]]]:

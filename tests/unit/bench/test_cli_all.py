@@ -55,14 +55,64 @@ def test_all_runs_the_planned_benchmarks_after_the_workloads_into_benchmarks_md(
         ran.append((name, argv, out))
         return {"kind": name, "exit_code": 0}
 
+    def sweep(points: list[Workload], field: str, args: argparse.Namespace) -> dict[str, Any]:
+        return {"kind": "sweep", "title": f"{points[0].name} sweep {field}"}
+
     monkeypatch.setattr(cli, "run_measure", run_measure)
+    monkeypatch.setattr(cli, "_sweep", sweep)
     assert cli.main(["all", "--out", str(tmp_path)]) == 0
     assert ran == [(name, argv, tmp_path) for name, argv in cli.measures()]
     (reports,) = written
     assert [r.get("kind", r.get("title")) for r in reports] == [
         "ycsbt",
+        "sweep",
+        "sweep",
         *(name for name, _ in cli.measures()),
     ]
+    assert [r["title"] for r in reports[1:3]] == [
+        "tstream-gs sweep zipf",
+        "tstream-sl sweep multi_partition",
+    ]
+
+
+def test_a_sweep_runs_each_point_once_on_a_smaller_backlog_with_the_plain_baseline(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    seen: list[argparse.Namespace] = []
+
+    def workloads(kinds: list[Workload], args: argparse.Namespace) -> list[dict[str, Any]]:
+        seen.append(args)
+        return [
+            {
+                "workload": k.name,
+                "description": "",
+                "parameters": k.parameters(),
+                "transactions": args.transactions,
+                "repeats": args.repeats,
+                "machine": FACTS,
+                "results": [{"workers": 1, "tps": 100.0 * (i + 1)}],
+                "baselines": [],
+            }
+            for i, k in enumerate(kinds)
+        ]
+
+    monkeypatch.setattr(cli, "_run_workloads", workloads)
+    ((points, field), _) = cli.sweep_plan()
+    args = argparse.Namespace(
+        transactions=200_000, repeats=3, rate="search", baselines=True, anchor_rates=True
+    )
+    sweep = cli._sweep(points, field, argparse.Namespace(**vars(args), out=tmp_path))
+    (used,) = seen
+    assert (used.transactions, used.repeats, used.rate, used.anchor_rates) == (
+        50_000,
+        1,
+        None,
+        False,
+    )
+    assert used.baselines and args.transactions == 200_000  # the caller's flags untouched
+    assert [p["value"] for p in sweep["points"]] == [0.0, 0.3, 0.6, 0.9]
+    assert [p["tps"]["epochal, 1 worker(s)"] for p in sweep["points"]] == [100, 200, 300, 400]
+    assert list(tmp_path.glob("tstream-gs-sweep-zipf-*.json"))
 
 
 def test_all_quick_runs_none_of_them_and_writes_no_benchmarks_md(

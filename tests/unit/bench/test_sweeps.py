@@ -36,3 +36,12 @@ def test_each_value_is_a_row_and_each_configuration_a_column(tmp_path: Path) -> 
     assert "9,000,000,000" not in text  # the pipe counts records, not transactions
     assert "![tstream-gs sweep zipf](bench/plots/tstream-gs-sweep-zipf.png)" in text
     assert plot_lines(tmp_path / "sweep.png", sweep) and (tmp_path / "sweep.png").stat().st_size
+
+
+def test_benchmarks_md_gives_a_sweep_its_section() -> None:
+    from bench.benchmarks_md import render
+    from tests.unit.bench.test_benchmarks_md import MACHINE
+
+    sweep = {**summary([_report(0.0, 3.0, 2.0, 9.0)], "zipf"), "machine": MACHINE}
+    text = render([sweep], "epochal bench all", set())
+    assert "## tstream-gs: throughput against zipf" in text and "| 0.0 | 3 | 2 | 9 |" in text
