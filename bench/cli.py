@@ -65,6 +65,7 @@ OWN_FLAGS: dict[str, Callable[[list[str] | None], int]] = {
     "snapshots": snapshots.main,
 }
 QUICK_TRANSACTIONS = 2_000
+QUICK_PHASES, MAX_PHASES = 3, 16  # of a --rate search: --quick smokes its machinery only
 USAGE = """\
 Workloads with an app of their own drain a backlog through the default cluster on 1 and 2
 workers, and through their baselines (the workload's rules in plain Python, and the stateless
@@ -231,6 +232,7 @@ def _open_loop(workload: Workload, args: argparse.Namespace, bootstrap: str) -> 
                         phase_s=args.phase_seconds,
                         port_base=port,
                         seed=args.seed,
+                        max_phases=QUICK_PHASES if args.quick else MAX_PHASES,
                     )
                 )
             else:

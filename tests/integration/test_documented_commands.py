@@ -58,6 +58,9 @@ RUN = {
     "epochal bench all --quick",
 }
 # Synopses (placeholders) run with the example app put in; the others are --help checked only.
+SEARCH = (
+    "epochal bench ycsbt|tstream-gs|tstream-sl|tstream-ob|tstream-tp|leaderboard [--rate search]"
+)
 RUN_AS = {
     "epochal snapshots APP [--format table|json|csv]": "epochal snapshots examples.bank.app:app",
     "epochal recover APP --mode strong|weak [--into NS]": (
@@ -65,6 +68,7 @@ RUN_AS = {
     ),
     "epochal status APP": "epochal status bank",
     "epochal status APP --json": "epochal status examples.bank.app:app --json",
+    SEARCH: "epochal bench tstream-sl --quick --rate search --phase-seconds 2",
 }
 ACCOUNTS, OPENING_BALANCE, TRANSFERS = 1_000, 1_000, 10_000  # as the producer makes them
 
@@ -321,6 +325,25 @@ def test_every_benchmark_workload_runs_quick_and_equals_the_serial_oracle(user: 
         assert run["transactions"] == 2_000 and run["rollbacks"] == 0, run
         assert {"worker0", "bench"} <= set(run["cpu_us_per_tx"]), run  # the reader's CPU too
         assert report["machine"]["cpus"] >= 1, report
+
+
+def test_a_workload_searched_for_its_sustainable_rate_runs_quick(user: User) -> None:
+    """The README's synopsis with ``--rate search``, on a workload ``all --quick`` drains but
+    never feeds at a rate: after its checked drain, the open-loop search on one cluster (its
+    first three phases, with ``--quick``) reports each phase's rate and latency, and the last
+    rate that kept up."""
+    out = user.run(RUN_AS[SEARCH], timeout_s=300)
+    assert "checked (1 worker(s)): savepoint at epoch" in out, out
+    (path,) = (user.cwd / "bench" / "results").glob("*.json")
+    (search,) = json.loads(path.read_text())["search"]
+    phases = search["phases"]
+    assert 1 <= len(phases) <= 3 and phases[0]["rate"] == 200, phases
+    assert all(
+        p["sent"] > 0 and 0 < p["latency_ms"]["p50"] <= p["latency_ms"]["p99"] for p in phases
+    )
+    kept = [p["rate"] for p in phases if p["passed"]]
+    assert search["sustainable_tps"] == (kept[-1] if kept else 0), search
+    assert f"sustainable, 1 worker(s): {search['sustainable_tps']:,} tx/s" in out, out
 
 
 def _service_commands() -> list[list[str]]:
