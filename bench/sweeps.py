@@ -45,7 +45,7 @@ def summary(reports: Sequence[dict[str, Any]], field: str) -> dict[str, Any]:
 
 def section(sweep: dict[str, Any], plotted: bool) -> list[str]:
     """BENCHMARKS.md lines: a row per value, a column per configuration."""
-    names = list(dict.fromkeys(name for p in sweep["points"] for name in p["tps"]))
+    names = _names(sweep)
     fixed = ", ".join(f"{k} {v}" for k, v in sweep["fixed"].items())
     lines = [
         f"## {sweep['workload']}: throughput against {sweep['field']}",
@@ -67,6 +67,11 @@ def section(sweep: dict[str, Any], plotted: bool) -> list[str]:
     return lines
 
 
+def _names(sweep: dict[str, Any]) -> list[str]:
+    """The configurations of a sweep, in the order they first ran."""
+    return list(dict.fromkeys(name for p in sweep["points"] for name in p["tps"]))
+
+
 def _tps(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
@@ -82,7 +87,7 @@ def plot_lines(path: Path, sweep: dict[str, Any]) -> bool:
         print("no matplotlib: no PNG (pip install matplotlib)", file=sys.stderr)
         return False
     values = [p["value"] for p in sweep["points"]]
-    names = list(dict.fromkeys(name for p in sweep["points"] for name in p["tps"]))
+    names = _names(sweep)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in names:
         ys = [p["tps"].get(name) for p in sweep["points"]]
