@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench.drain import produce_backlog
@@ -25,7 +26,7 @@ from bench.workloads.base import Backlog, Workload
 from epochal.config import KafkaConfig
 from epochal.log.client import KafkaClients
 
-__all__ = ["search_sustainable", "steady_run"]
+__all__ = ["Search", "search_sustainable", "steady_run"]
 
 SLOWER_BOUND = 20  # a phase fails once its p99 passes this many times the unloaded p99
 GROWTH = 1.5
@@ -139,30 +140,49 @@ def search_sustainable(
 ) -> dict[str, Any]:
     """The highest rate at which p99 stays within 20x the unloaded p99 and the egress keeps
     up; every phase's rate, p50/p99 and lag beside it."""
-    phases: list[dict[str, Any]] = []
+    search = Search()
     with _Steady(workload, bootstrap, setup, port_base, seed) as run:
-        rate, unloaded, sustainable = UNLOADED_RATE, 0.0, 0
         for _ in range(max_phases):
-            started_ms, sent = run.feed(rate, phase_s)
+            started_ms, sent = run.feed(search.rate, phase_s)
             ended_ms = time.time() * 1000
             behind = len(run.stamps) + 1 - len(run.watcher.out)
             missing = run.settle(30)
             latency = percentiles(run.latencies(started_ms + 1000, ended_ms))
-            unloaded = unloaded or latency["p99"]
-            kept_up = behind <= rate and not missing
-            passed = kept_up and latency["p99"] <= SLOWER_BOUND * unloaded
-            phases.append(
-                {
-                    "rate": rate,
-                    "sent": sent,
-                    "behind_at_end": behind,
-                    "latency_ms": latency,
-                    "passed": passed,
-                }
-            )
-            if not passed:
+            if not search.record(sent, behind, missing, latency):
                 break
-            sustainable = rate
-            rate = int(rate * GROWTH)
         facts = run.cluster.facts()
-    return {**facts, "sustainable_tps": sustainable, "unloaded_p99_ms": unloaded, "phases": phases}
+    return {
+        **facts,
+        "sustainable_tps": search.sustainable,
+        "unloaded_p99_ms": search.unloaded,
+        "phases": search.phases,
+    }
+
+
+@dataclass
+class Search:
+    """TSpoon's search, phase by phase: the rate to feed next, and what the phases so far say."""
+
+    rate: int = UNLOADED_RATE
+    unloaded: float = 0.0  # the first phase's p99, in ms
+    sustainable: int = 0  # the last rate that passed
+    phases: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, sent: int, behind: int, missing: int, latency: dict[str, float]) -> bool:
+        """A phase fed at :attr:`rate` ended ``behind`` records behind the feed with ``missing``
+        never out: whether it passed (then the next phase feeds half as much again)."""
+        self.unloaded = self.unloaded or latency["p99"]
+        kept_up = behind <= self.rate and not missing
+        passed = kept_up and latency["p99"] <= SLOWER_BOUND * self.unloaded
+        self.phases.append(
+            {
+                "rate": self.rate,
+                "sent": sent,
+                "behind_at_end": behind,
+                "latency_ms": latency,
+                "passed": passed,
+            }
+        )
+        if passed:
+            self.sustainable, self.rate = self.rate, int(self.rate * GROWTH)
+        return passed
