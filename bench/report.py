@@ -112,3 +112,11 @@ def plot_bars(path: Path, panels: list[tuple[str, str, dict[str, float]]]) -> bo
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+def rate(result: dict[str, Any], unit: str = "") -> str:
+    """A drain's rate for a table; a drain too short to time says so instead (see
+    :data:`bench.drain.MIN_TIMED_S`)."""
+    if not result.get("timed", True):
+        return f"untimed ({result['seconds']:.2f} s)"
+    return f"{result['tps']:,.0f}{unit}"

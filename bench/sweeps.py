@@ -24,10 +24,10 @@ def summary(reports: Sequence[dict[str, Any]], field: str) -> dict[str, Any]:
     first = reports[0]
     points = []
     for report in reports:
-        lines = {f"epochal, {r['workers']} worker(s)": r["tps"] for r in report["results"]}
+        lines = {f"epochal, {r['workers']} worker(s)": _timed(r) for r in report["results"]}
         for baseline in report["baselines"]:
             if baseline.get("unit") != "records":
-                lines[baseline["baseline"]] = baseline["tps"]
+                lines[baseline["baseline"]] = _timed(baseline)
         points.append({"value": report["parameters"][field], "tps": lines})
     return {
         "kind": "sweep",
@@ -65,6 +65,11 @@ def section(sweep: dict[str, Any], plotted: bool) -> list[str]:
     if plotted:
         lines += [f"![{sweep['title']}](bench/plots/{slug(sweep['title'])}.png)", ""]
     return lines
+
+
+def _timed(result: dict[str, Any]) -> float | None:
+    """A run's rate, or None for a drain too short to time (see ``bench.drain.MIN_TIMED_S``)."""
+    return float(result["tps"]) if result.get("timed", True) else None
 
 
 def _names(sweep: dict[str, Any]) -> list[str]:

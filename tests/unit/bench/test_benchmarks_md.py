@@ -292,3 +292,11 @@ def test_the_leaderboard_sets_its_drain_against_its_client_ordered_run_as_s_stor
     assert "S-Store's 2,200 batches/s were 10.5x client-ordered H-Store's 210." in leaderboard
     assert leaderboard.index("Client-ordered") < leaderboard.index("**Anchor:**")
     assert "Client-ordered" not in ycsbt
+
+
+def test_a_drain_too_short_to_time_shows_no_rate_ratio_or_per_core_figure() -> None:
+    report = _report("ycsbt", 85_000.0, 7_758.5)
+    report["results"][0] |= {"timed": False, "seconds": 0.02}
+    text = render([report], "epochal bench all", set())
+    assert "| epochal, 1 worker(s), default cluster | untimed (0.02 s) | - | - | - |" in text
+    assert "85,000" not in text and "Per core: epochal" not in text
