@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import measures_md, sweeps
-from bench.report import rate, slug
+from bench.report import rate, slug, timed
 
 __all__ = ["client_ordered_line", "render", "write"]
 
@@ -83,10 +83,10 @@ def _section(report: dict[str, Any], cores: int, plotted: bool) -> list[str]:
     for r in report["results"] + report["baselines"]:
         label = r.get("baseline") or f"epochal, {r['workers']} worker(s), default cluster"
         unit = " records/s" if r.get("unit") == "records" else ""
-        timed = r.get("timed", True)
-        ratios = r.get("ratio_to", {}) if timed else {}
+        is_timed = timed(r)
+        ratios = r.get("ratio_to", {}) if is_timed else {}
         cpu = ", ".join(f"{role} {us:.1f}" for role, us in r["cpu_us_per_tx"].items())
-        core_rate = f"{r['tps'] / cores:,.0f}" if timed else "-"
+        core_rate = f"{r['tps'] / cores:,.0f}" if is_timed else "-"
         lines.append(
             f"| {label} | {rate(r, unit)} | {core_rate} | "
             f"{_ratio(ratios.get('plain Python'))} | {_ratio(ratios.get('exactly-once pipe'))} | "
@@ -111,7 +111,7 @@ def _section(report: dict[str, Any], cores: int, plotted: bool) -> list[str]:
     if report.get("steady") or report.get("search") or report.get("client_ordered"):
         lines.append("")
     lines += [f"**Anchor:** {report['anchor']}", ""]
-    best = max((r["tps"] for r in report["results"] if r.get("timed", True)), default=0.0)
+    best = max((r["tps"] for r in report["results"] if timed(r)), default=0.0)
     if report.get("anchor_per_core") and best:
         per_core = best / cores
         lines += [
@@ -137,9 +137,7 @@ def client_ordered_line(report: dict[str, Any]) -> str:
         f"votes/s over {run['votes']:,} votes, p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} ms "
         "per vote."
     )
-    drained = [
-        r["tps"] for r in report["results"] if r["workers"] == workers and r.get("timed", True)
-    ]
+    drained = [r["tps"] for r in report["results"] if r["workers"] == workers and timed(r)]
     (system, system_tps), (ordered, ordered_tps) = run["anchor_tps"].items()
     if drained:
         line += (

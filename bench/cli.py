@@ -42,7 +42,7 @@ from bench import bank, benchmarks_md, queries, recover, restart, snapshots, swe
 from bench.client_ordered import client_ordered
 from bench.drain import ROOT, CheckFailed, drain_baseline, drain_cluster
 from bench.processes import Setup
-from bench.report import machine, plot_bars, rate, slug, write_result
+from bench.report import machine, plot_bars, rate, slug, timed, write_result
 from bench.steady import search_sustainable, steady_run
 from bench.workloads import WORKLOADS
 from bench.workloads.base import Workload
@@ -291,12 +291,12 @@ def _print(report: dict[str, Any]) -> None:
         table.add_column(column, justify="right")
     for r in report["results"] + report["baselines"]:
         label = r.get("baseline") or f"epochal, {r['workers']} worker(s)"
-        ratio = r.get("ratio_to", {}).get("plain Python") if r.get("timed", True) else None
+        ratio = r.get("ratio_to", {}).get("plain Python") if timed(r) else None
         cpu = ", ".join(f"{role} {us:.1f}" for role, us in r["cpu_us_per_tx"].items())
         table.add_row(
             label,
             rate(r),
-            ", ".join(f"{t:,.0f}" for t in r["tps_runs"]) if r.get("timed", True) else "-",
+            ", ".join(f"{t:,.0f}" for t in r["tps_runs"]) if timed(r) else "-",
             "-" if ratio is None else f"{ratio:.2f}x",
             cpu,
         )

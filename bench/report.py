@@ -114,9 +114,14 @@ def plot_bars(path: Path, panels: list[tuple[str, str, dict[str, float]]]) -> bo
     return True
 
 
+def timed(result: dict[str, Any]) -> bool:
+    """Whether a run's rate means anything: False for a drain too short to time (see
+    :data:`bench.drain.MIN_TIMED_S`); results from before the flag were all timed."""
+    return bool(result.get("timed", True))
+
+
 def rate(result: dict[str, Any], unit: str = "") -> str:
-    """A drain's rate for a table; a drain too short to time says so instead (see
-    :data:`bench.drain.MIN_TIMED_S`)."""
-    if not result.get("timed", True):
+    """A drain's rate for a table; a drain too short to time says so instead."""
+    if not timed(result):
         return f"untimed ({result['seconds']:.2f} s)"
     return f"{result['tps']:,.0f}{unit}"

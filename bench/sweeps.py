@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.report import slug
+from bench.report import slug, timed
 
 __all__ = ["plot_lines", "section", "summary"]
 
@@ -24,10 +24,10 @@ def summary(reports: Sequence[dict[str, Any]], field: str) -> dict[str, Any]:
     first = reports[0]
     points = []
     for report in reports:
-        lines = {f"epochal, {r['workers']} worker(s)": _timed(r) for r in report["results"]}
+        lines = {f"epochal, {r['workers']} worker(s)": _rate_or_none(r) for r in report["results"]}
         for baseline in report["baselines"]:
             if baseline.get("unit") != "records":
-                lines[baseline["baseline"]] = _timed(baseline)
+                lines[baseline["baseline"]] = _rate_or_none(baseline)
         points.append({"value": report["parameters"][field], "tps": lines})
     return {
         "kind": "sweep",
@@ -67,9 +67,9 @@ def section(sweep: dict[str, Any], plotted: bool) -> list[str]:
     return lines
 
 
-def _timed(result: dict[str, Any]) -> float | None:
+def _rate_or_none(result: dict[str, Any]) -> float | None:
     """A run's rate, or None for a drain too short to time (see ``bench.drain.MIN_TIMED_S``)."""
-    return float(result["tps"]) if result.get("timed", True) else None
+    return float(result["tps"]) if timed(result) else None
 
 
 def _names(sweep: dict[str, Any]) -> list[str]:
