@@ -11,9 +11,10 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-__all__ = ["machine", "plot_bars", "slug", "write_result"]
+__all__ = ["machine", "measured", "plot_bars", "pyplot", "rate", "slug", "timed", "write_result"]
 
 _VERSIONED = ("epochal", "confluent-kafka", "msgspec", "deltalake", "pyarrow", "pyspark")
 
@@ -88,9 +89,9 @@ def write_result(stem: Path, report: dict[str, Any]) -> Path:
     return path
 
 
-def plot_bars(path: Path, panels: list[tuple[str, str, dict[str, float]]]) -> bool:
-    """One bar chart per panel ``(title, y label, {bar label: value})``, side by side, as a
-    PNG; False (and a note) without matplotlib."""
+def pyplot() -> ModuleType | None:
+    """``matplotlib.pyplot`` drawing to files, not a screen; None (and a note) without
+    matplotlib: the JSON is the result, a PNG only a view of it."""
     try:
         import matplotlib
 
@@ -98,6 +99,15 @@ def plot_bars(path: Path, panels: list[tuple[str, str, dict[str, float]]]) -> bo
         import matplotlib.pyplot as plt
     except ImportError:
         print("no matplotlib: no PNG (pip install matplotlib)", file=sys.stderr)
+        return None
+    return plt
+
+
+def plot_bars(path: Path, panels: list[tuple[str, str, dict[str, float]]]) -> bool:
+    """One bar chart per panel ``(title, y label, {bar label: value})``, side by side, as a
+    PNG; False (and a note) without matplotlib."""
+    plt = pyplot()
+    if plt is None:
         return False
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
     for ax, (title, ylabel, bars) in zip(axes[0], panels, strict=True):
@@ -118,6 +128,11 @@ def timed(result: dict[str, Any]) -> bool:
     """Whether a run's rate means anything: False for a drain too short to time (see
     :data:`bench.drain.MIN_TIMED_S`); results from before the flag were all timed."""
     return bool(result.get("timed", True))
+
+
+def measured(result: dict[str, Any]) -> float | None:
+    """A run's rate for a figure or a plot, or None for a drain too short to time."""
+    return float(result["tps"]) if timed(result) else None
 
 
 def rate(result: dict[str, Any], unit: str = "") -> str:

@@ -7,12 +7,11 @@ runs' reports, in that order, make the sweep."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.report import slug, timed
+from bench.report import measured, pyplot, slug
 
 __all__ = ["plot_lines", "section", "summary"]
 
@@ -24,10 +23,10 @@ def summary(reports: Sequence[dict[str, Any]], field: str) -> dict[str, Any]:
     first = reports[0]
     points = []
     for report in reports:
-        lines = {f"epochal, {r['workers']} worker(s)": _rate_or_none(r) for r in report["results"]}
+        lines = {f"epochal, {r['workers']} worker(s)": measured(r) for r in report["results"]}
         for baseline in report["baselines"]:
             if baseline.get("unit") != "records":
-                lines[baseline["baseline"]] = _rate_or_none(baseline)
+                lines[baseline["baseline"]] = measured(baseline)
         points.append({"value": report["parameters"][field], "tps": lines})
     return {
         "kind": "sweep",
@@ -67,11 +66,6 @@ def section(sweep: dict[str, Any], plotted: bool) -> list[str]:
     return lines
 
 
-def _rate_or_none(result: dict[str, Any]) -> float | None:
-    """A run's rate, or None for a drain too short to time (see ``bench.drain.MIN_TIMED_S``)."""
-    return float(result["tps"]) if timed(result) else None
-
-
 def _names(sweep: dict[str, Any]) -> list[str]:
     """The configurations of a sweep, in the order they first ran."""
     return list(dict.fromkeys(name for p in sweep["points"] for name in p["tps"]))
@@ -83,13 +77,8 @@ def _tps(value: float | None) -> str:
 
 def plot_lines(path: Path, sweep: dict[str, Any]) -> bool:
     """The sweep as a PNG, a line per configuration; False (and a note) without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("no matplotlib: no PNG (pip install matplotlib)", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return False
     values = [p["value"] for p in sweep["points"]]
     names = _names(sweep)
