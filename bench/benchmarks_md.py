@@ -2,8 +2,9 @@
 
 One section per workload: its setup and parameters, epochal's figures beside the baselines' of
 the same run (ratios, CPU per transaction by role), open-loop latency and the sustainable rate
-when measured, the leaderboard's client-ordered rate beside its drain's (as S-Store sets its own
-beside H-Store's), and the anchor: the published figure of the system the workload comes from,
+when measured (a row per configuration: medians over its runs, and their spread), the
+leaderboard's client-ordered rate beside its drain's (as S-Store sets its own beside H-Store's),
+and the anchor: the published figure of the system the workload comes from,
 with its setup, and a per-core figure where the anchor gives one. Then one per benchmark with
 flags of its own (a report with a ``kind``: :mod:`bench.measures_md`). The plots go beside it.
 """
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import measures_md, sweeps
+from bench import latency, measures_md, sweeps
 from bench.report import rate, slug, timed
 
 __all__ = ["client_ordered_line", "render", "write"]
@@ -93,23 +94,10 @@ def _section(report: dict[str, Any], cores: int, plotted: bool) -> list[str]:
             f"{cpu} |"
         )
     lines.append("")
-    for r in report.get("steady", []):
-        ms = r["latency_ms"]
-        lines.append(
-            f"Open loop, {r['workers']} worker(s), {r['rate']:,} tx/s for {r['seconds']:.0f} s: "
-            f"p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} ms, p99.9 {ms['p99.9']:.0f} ms "
-            "(input record's timestamp to its egress record's)."
-        )
-    for r in report.get("search", []):
-        lines.append(
-            f"Sustainable throughput, {r['workers']} worker(s): **{r['sustainable_tps']:,} tx/s** "
-            f"(the rate grows by half each phase until p99 passes 20x the unloaded "
-            f"{r['unloaded_p99_ms']:.0f} ms or the egress falls behind)."
-        )
+    lines += latency.steady_table(report.get("steady", []))
+    lines += latency.search_table(report.get("search", []))
     if report.get("client_ordered"):
-        lines.append(client_ordered_line(report))
-    if report.get("steady") or report.get("search") or report.get("client_ordered"):
-        lines.append("")
+        lines += [client_ordered_line(report), ""]
     lines += [f"**Anchor:** {report['anchor']}", ""]
     best = max((r["tps"] for r in report["results"] if timed(r)), default=0.0)
     if report.get("anchor_per_core") and best:

@@ -38,7 +38,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench import bank, benchmarks_md, queries, recover, restart, snapshots, sweeps
+from bench import bank, benchmarks_md, latency, queries, recover, restart, snapshots, sweeps
 from bench.client_ordered import client_ordered
 from bench.drain import ROOT, CheckFailed, drain_baseline, drain_cluster
 from bench.processes import Setup
@@ -307,22 +307,44 @@ def _print(report: dict[str, Any]) -> None:
     if report.get("client_ordered"):
         console.print(benchmarks_md.client_ordered_line(report))
         console.print(f"checked: {report['client_ordered']['checked']}")
-    for r in report.get("steady", []):
-        ms = r["latency_ms"]
+    _print_open_loop(report)
+
+
+def _print_open_loop(report: dict[str, Any]) -> None:
+    """The open-loop runs, a row per configuration (:mod:`bench.latency`); each search's
+    phases, which differ from run to run."""
+    rows = latency.steady_rows(report.get("steady", []))
+    if rows:
+        table = Table(title="open loop: latency ms, medians over the runs")
+        for column in ("workers", "rate", "seconds", "runs", "p50", "p99", "p99.9"):
+            table.add_column(column, justify="right")
+        for column in ("p99 of each run", "counted, missing, rollbacks"):
+            table.add_column(column, justify="right")
+        for row in rows:
+            ms = row["latency_ms"]
+            table.add_row(
+                str(row["workers"]),
+                f"{row['rate']:,}/s",
+                f"{row['seconds']:g}",
+                str(row["runs"]),
+                *(f"{ms[q]:.0f}" for q in latency.QUANTILES),
+                ", ".join(f"{p:.0f}" for p in row["p99_runs"]),
+                f"{row['counted']:,}, {row['missing']}, {row['rollbacks']}",
+            )
+        console.print(table)
+    for row in latency.search_rows(report.get("search", [])):
         console.print(
-            f"open loop, {r['workers']} worker(s), {r['rate']:,}/s for {r['seconds']:.0f} s: "
-            f"p50 {ms['p50']:.0f} ms, p99 {ms['p99']:.0f} ms, p99.9 {ms['p99.9']:.0f} ms "
-            f"({r['counted']:,} counted, {r['missing']} missing, {r['rollbacks']} rollbacks)"
+            f"sustainable, {row['workers']} worker(s), {row['runs']} run(s): "
+            f"{row['sustainable_tps']:,.0f} tx/s "
+            f"(each run {', '.join(f'{t:,}' for t in row['sustainable_runs'])}; "
+            f"unloaded p99 {row['unloaded_p99_ms']:.0f} ms)"
         )
     for r in report.get("search", []):
         steps = ", ".join(
             f"{p['rate']:,}/s p99 {p['latency_ms']['p99']:.0f} ms" + ("" if p["passed"] else " ✗")
             for p in r["phases"]
         )
-        console.print(
-            f"sustainable, {r['workers']} worker(s): {r['sustainable_tps']:,} tx/s "
-            f"(unloaded p99 {r['unloaded_p99_ms']:.0f} ms; {steps})"
-        )
+        console.print(f"  search, {r['workers']} worker(s): {steps}")
 
 
 def _save(report: dict[str, Any], out: Path) -> None:

@@ -121,6 +121,7 @@ def steady_run(
         **facts,
         "rate": rate,
         "seconds": seconds,
+        "warmup": warmup,
         "sent": sent,
         "missing": missing,
         "counted": len(counted),
@@ -155,6 +156,7 @@ def search_sustainable(
         **facts,
         "sustainable_tps": search.sustainable,
         "unloaded_p99_ms": search.unloaded,
+        "phase_seconds": phase_s,
         "phases": search.phases,
     }
 
