@@ -22,20 +22,28 @@ from bench.report import rate, slug, timed
 __all__ = ["client_ordered_line", "render", "write"]
 
 
+PNGS = {"png": "", "curve_png": "-latency"}  # a report's PNGs: the suffix of each's copy's name
+
+
 def write(reports: Sequence[dict[str, Any]], root: Path, command: str) -> Path:
     """``<root>/BENCHMARKS.md`` and its plots in ``<root>/bench/plots/``; the file written."""
     plots = root / "bench" / "plots"
     plots.mkdir(parents=True, exist_ok=True)
+    copied = set()
     for report in reports:
-        png = Path(report.get("png", ""))
-        if png.is_file():
-            shutil.copyfile(png, plots / f"{slug(report['title'])}.png")
+        for key, suffix in PNGS.items():
+            png = Path(report.get(key, ""))
+            if png.is_file():
+                name = f"{slug(report['title'])}{suffix}"
+                shutil.copyfile(png, plots / f"{name}.png")
+                copied.add(name)
     path = root / "BENCHMARKS.md"
-    path.write_text(render(reports, command, {r["title"] for r in reports if r.get("png")}))
+    path.write_text(render(reports, command, copied))
     return path
 
 
 def render(reports: Sequence[dict[str, Any]], command: str, plotted: set[str]) -> str:
+    """The whole file; ``plotted``: the PNGs in ``bench/plots``, by name without ``.png``."""
     machine = reports[0]["machine"]
     versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items())
     cores = machine["usable_cpus"]
@@ -57,17 +65,18 @@ def render(reports: Sequence[dict[str, Any]], command: str, plotted: set[str]) -
         "",
     ]
     for report in reports:
-        plot = report["title"] in plotted
+        plot = slug(report["title"]) in plotted
         if report.get("kind") == "sweep":
             lines += sweeps.section(report, plot)
         elif "kind" in report:
             lines += measures_md.section(report, cores, plot)
         else:
-            lines += _section(report, cores, plot)
+            lines += _section(report, cores, plotted)
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _section(report: dict[str, Any], cores: int, plotted: bool) -> list[str]:
+def _section(report: dict[str, Any], cores: int, plotted: set[str]) -> list[str]:
+    name = slug(report["title"])
     parameters = ", ".join(f"{k} {v}" for k, v in report["parameters"].items())
     lines = [
         f"## {report['title']}",
@@ -96,6 +105,9 @@ def _section(report: dict[str, Any], cores: int, plotted: bool) -> list[str]:
     lines.append("")
     lines += latency.steady_table(report.get("steady", []))
     lines += latency.search_table(report.get("search", []))
+    if f"{name}-latency" in plotted:
+        title = f"{report['title']}: latency against offered rate"
+        lines += [f"![{title}](bench/plots/{name}-latency.png)", ""]
     if report.get("client_ordered"):
         lines += [client_ordered_line(report), ""]
     lines += [f"**Anchor:** {report['anchor']}", ""]
@@ -108,8 +120,8 @@ def _section(report: dict[str, Any], cores: int, plotted: bool) -> list[str]:
             f"{per_core / report['anchor_per_core']:.2f}x.",
             "",
         ]
-    if plotted:
-        lines += [f"![{report['title']}](bench/plots/{slug(report['title'])}.png)", ""]
+    if name in plotted:
+        lines += [f"![{report['title']}](bench/plots/{name}.png)", ""]
     return lines
 
 

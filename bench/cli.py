@@ -153,7 +153,7 @@ def _settled(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
         )
     if args.quick:
         args.transactions, args.workers, args.repeats = QUICK_TRANSACTIONS, [1], 1
-    args.anchor_rates = False
+    args.anchor_rates = args.anchor_search = False
     args.check = args.quick if args.check is None else args.check
     args.baselines = not args.quick if args.baselines is None else args.baselines
     return args
@@ -214,16 +214,16 @@ def run_workload(
 
 def _open_loop(workload: Workload, args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     """``--rate``'s runs: each worker count at the rate, or searched, ``--repeats`` times (every
-    run is reported)."""
-    rate = args.rate or (workload.anchor_rate if args.anchor_rates else None)
-    if rate is None:
+    run is reported); see :func:`_open_loop_plan` for what a full ``all`` adds."""
+    plan = _open_loop_plan(workload, args)
+    if not plan:
         return {}
     report: dict[str, Any] = {"steady": [], "search": []}
-    for repeat in range(args.repeats):
+    for repeat, fed in plan:
         for i, workers in enumerate(args.workers):
             setup, port = Setup(ROOT, workers), args.port_base + 1_000 + 10 * i + 100 * repeat
-            console.print(f"{workload.name}: {workers} worker(s), open loop {rate}")
-            if rate == "search":
+            console.print(f"{workload.name}: {workers} worker(s), open loop {fed}")
+            if fed == "search":
                 report["search"].append(
                     search_sustainable(
                         workload,
@@ -241,7 +241,7 @@ def _open_loop(workload: Workload, args: argparse.Namespace, bootstrap: str) -> 
                         workload,
                         bootstrap,
                         setup,
-                        rate=int(rate),
+                        rate=int(fed),
                         seconds=args.seconds,
                         warmup=args.warmup,
                         port_base=port,
@@ -249,6 +249,20 @@ def _open_loop(workload: Workload, args: argparse.Namespace, bootstrap: str) -> 
                     )
                 )
     return report
+
+
+def _open_loop_plan(workload: Workload, args: argparse.Namespace) -> list[tuple[int, str]]:
+    """The open-loop rounds, ``(repeat, rate or 'search')``, each on every worker count:
+    ``--rate``'s ``--repeats`` times. A full ``all`` runs a workload with a latency anchor at
+    the anchor's rate (``anchor_rates``) and, on its defaults only, searches once more
+    (``anchor_search``): its throughput-against-latency curve, for at most
+    :data:`MAX_PHASES` phases of ``--phase-seconds`` per worker count."""
+    rate = args.rate or (workload.anchor_rate if args.anchor_rates else None)
+    plan = [(repeat, str(rate)) for repeat in range(args.repeats)] if rate else []
+    anchored = workload.anchor_rate is not None and workload == type(workload)()
+    if args.anchor_search and anchored and rate != "search":
+        plan.append((args.repeats, "search"))
+    return plan
 
 
 def _client_ordered(
@@ -366,8 +380,12 @@ def _save(report: dict[str, Any], out: Path) -> None:
     panels = [p for p in panels if p[2]]
     if panels and plot_bars(stem.with_suffix(".png"), panels):
         report["png"] = str(stem.with_suffix(".png"))
+    curve = stem.with_name(f"{stem.name}-latency.png")
+    if latency.plot_curve(curve, report.get("search", []), report["title"]):
+        report["curve_png"] = str(curve)
     path = write_result(stem, report)
-    console.print(f"results in {path}" + (f" and {report['png']}" if "png" in report else ""))
+    pngs = [report[key] for key in benchmarks_md.PNGS if key in report]
+    console.print(f"results in {path}" + "".join(f" and {png}" for png in pngs))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         common_flags(parser)
         args = _settled(parser, parser.parse_args(rest))
         args.anchor_rates = not args.quick  # each anchor's latency at the rate it was measured
+        args.anchor_search = not args.quick  # and its workload's throughput-latency curve
         return _run(_every_workload(args.quick), args, full=not args.quick)
     if name in WORKLOADS:
         kind = WORKLOADS[name]
@@ -493,7 +512,8 @@ def _sweep(points: list[Workload], field: str, args: argparse.Namespace) -> dict
     baseline (the reference line), without open-loop runs."""
     point_args = argparse.Namespace(**vars(args))
     point_args.transactions, point_args.repeats = SWEEP_TRANSACTIONS, 1
-    point_args.anchor_rates, point_args.rate = False, None
+    point_args.anchor_rates = point_args.anchor_search = False
+    point_args.rate = None
     summary = sweeps.summary(_run_workloads(points, point_args), field)
     _save_sweep(summary, args.out)
     return summary

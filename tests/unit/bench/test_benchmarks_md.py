@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from bench.benchmarks_md import render
+from bench.benchmarks_md import render, write
 
 MACHINE = {
     "cpu_model": "Some CPU",
@@ -300,3 +301,19 @@ def test_a_drain_too_short_to_time_shows_no_rate_ratio_or_per_core_figure() -> N
     text = render([report], "epochal bench all", set())
     assert "| epochal, 1 worker(s), default cluster | untimed (0.02 s) | - | - | - |" in text
     assert "85,000" not in text and "Per core: epochal" not in text
+
+
+def test_the_plots_are_copied_beside_it_and_only_those_copied_are_shown(tmp_path: Path) -> None:
+    bars, curve = tmp_path / "ycsbt-1.png", tmp_path / "ycsbt-1-latency.png"
+    bars.write_bytes(b"png")
+    curve.write_bytes(b"png")
+    searched = {**_report("ycsbt", 10_000.0, None), "png": str(bars), "curve_png": str(curve)}
+    gone = {**_report("tstream-gs", 5_000.0, None), "png": str(tmp_path / "gone.png")}
+    text = write([searched, gone], tmp_path, "epochal bench all").read_text()
+    assert (tmp_path / "bench/plots/ycsbt.png").read_bytes() == b"png"
+    assert (tmp_path / "bench/plots/ycsbt-latency.png").read_bytes() == b"png"
+    ycsbt, gs = _section(text, "ycsbt"), _section(text, "tstream-gs")
+    assert "![ycsbt: latency against offered rate](bench/plots/ycsbt-latency.png)" in ycsbt
+    assert ycsbt.index("| 1 | 1 | **3,000** |") < ycsbt.index("ycsbt-latency.png")
+    assert "![ycsbt](bench/plots/ycsbt.png)" in ycsbt
+    assert "bench/plots" not in gs  # its PNG is not there: no broken image

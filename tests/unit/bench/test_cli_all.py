@@ -13,6 +13,8 @@ import pytest
 
 from bench import cli
 from bench.workloads.base import Workload
+from bench.workloads.tstream import GrepSum
+from bench.workloads.ycsbt import YcsbT
 
 FACTS = {"cpus": 2}
 
@@ -161,3 +163,72 @@ def test_a_measure_that_exits_with_a_message_is_reported_not_fatal(
     monkeypatch.setitem(cli.OWN_FLAGS, "queries", queries)
     report = cli.run_measure("queries", [], tmp_path, FACTS)
     assert report["error"] == "the queries overlapped the drain" and "result" not in report
+
+
+def _open_loop_args(**flags: Any) -> argparse.Namespace:
+    defaults = {"rate": None, "repeats": 3, "anchor_rates": False, "anchor_search": False}
+    return argparse.Namespace(**{**defaults, **flags})
+
+
+def test_a_full_run_searches_the_defaults_of_a_workload_with_a_latency_anchor_once() -> None:
+    full = _open_loop_args(anchor_rates=True, anchor_search=True)
+    steady = [(repeat, "2000") for repeat in range(3)]  # YCSB-T's anchor: Styx at 2k TPS
+    assert cli._open_loop_plan(YcsbT(), full) == [*steady, (3, "search")]
+    assert cli._open_loop_plan(YcsbT(zipf=0.99), full) == steady  # not at the extremes
+    assert cli._open_loop_plan(GrepSum(), full) == []  # no latency anchor
+    searched = _open_loop_args(rate="search", anchor_rates=True, anchor_search=True)
+    assert cli._open_loop_plan(YcsbT(), searched) == [(r, "search") for r in range(3)]
+    assert cli._open_loop_plan(YcsbT(), _open_loop_args()) == []  # one workload, no --rate
+
+
+def test_the_anchor_search_runs_each_worker_count_once_on_ports_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ports: list[tuple[str, int, int]] = []
+
+    def steady_run(workload: Workload, bootstrap: str, setup: Any, **kw: Any) -> dict[str, Any]:
+        ports.append(("steady", setup.workers, kw["port_base"]))
+        return {"workers": setup.workers}
+
+    def search(workload: Workload, bootstrap: str, setup: Any, **kw: Any) -> dict[str, Any]:
+        ports.append(("search", setup.workers, kw["port_base"]))
+        assert kw["phase_s"] == 5 and kw["max_phases"] == cli.MAX_PHASES
+        return {"workers": setup.workers}
+
+    monkeypatch.setattr(cli, "steady_run", steady_run)
+    monkeypatch.setattr(cli, "search_sustainable", search)
+    args = _open_loop_args(
+        anchor_rates=True,
+        anchor_search=True,
+        repeats=2,
+        workers=[1, 2],
+        port_base=20_000,
+        phase_seconds=5,
+        seconds=30,
+        warmup=3,
+        seed=1,
+        quick=False,
+    )
+    report = cli._open_loop(YcsbT(), args, "127.0.0.1:1")
+    assert [kind for kind, *_ in ports] == ["steady"] * 4 + ["search"] * 2
+    assert len({port for *_, port in ports}) == len(ports)
+    assert [r["workers"] for r in report["search"]] == [1, 2]
+
+
+def test_a_report_with_a_search_gets_its_latency_curve_beside_its_bars(tmp_path: Path) -> None:
+    phases = [
+        {"rate": rate, "latency_ms": {"p50": ms / 2, "p99": ms}, "passed": ms < 500}
+        for rate, ms in ((200, 30.0), (300, 40.0), (450, 900.0))
+    ]
+    report = {
+        "workload": "ycsbt",
+        "title": "ycsbt",
+        "results": [{"workers": 1, "tps": 1_000.0}],
+        "baselines": [],
+        "search": [{"workers": 1, "sustainable_tps": 300, "phases": phases}],
+    }
+    cli._save(report, tmp_path)
+    assert Path(report["png"]).stat().st_size and Path(report["curve_png"]).stat().st_size
+    assert report["curve_png"].endswith("-latency.png")
+    saved = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert saved["curve_png"] == report["curve_png"]
