@@ -5,8 +5,9 @@ the same run (ratios, CPU per transaction by role), open-loop latency and the su
 when measured (a row per configuration: medians over its runs, and their spread), the
 leaderboard's client-ordered rate beside its drain's (as S-Store sets its own beside H-Store's),
 and the anchor: the published figure of the system the workload comes from,
-with its setup, and a per-core figure where the anchor gives one. Then one per benchmark with
-flags of its own (a report with a ``kind``: :mod:`bench.measures_md`). The plots go beside it.
+with its setup, and a per-core figure where the anchor gives one. Then the workloads' scaling
+from 1 to 2 workers (:mod:`bench.scaling`), the sweeps, and one per benchmark with flags of its
+own (a report with a ``kind``: :mod:`bench.measures_md`). The plots go beside it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import latency, measures_md, sweeps
+from bench import latency, measures_md, scaling, sweeps
 from bench.report import rate, slug, timed
 
 __all__ = ["client_ordered_line", "render", "write"]
@@ -68,6 +69,8 @@ def render(reports: Sequence[dict[str, Any]], command: str, plotted: set[str]) -
         plot = slug(report["title"]) in plotted
         if report.get("kind") == "sweep":
             lines += sweeps.section(report, plot)
+        elif report.get("kind") == "scaling":
+            lines += scaling.section(report, plot)
         elif "kind" in report:
             lines += measures_md.section(report, cores, plot)
         else:

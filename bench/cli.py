@@ -38,7 +38,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench import bank, benchmarks_md, latency, queries, recover, restart, snapshots, sweeps
+from bench import (
+    bank,
+    benchmarks_md,
+    latency,
+    queries,
+    recover,
+    restart,
+    scaling,
+    snapshots,
+    sweeps,
+)
 from bench.client_ordered import client_ordered
 from bench.drain import ROOT, CheckFailed, drain_baseline, drain_cluster
 from bench.processes import Setup
@@ -452,8 +462,8 @@ def _run(
     sweep: str | None = None,
 ) -> int:
     """Each workload in turn on one broker; ``sweep``: the runs are one sweep of that field;
-    ``full`` (``all`` without ``--quick``): then :func:`sweep_plan`'s sweeps and each of
-    :func:`measures`, and BENCHMARKS.md from every result."""
+    ``full`` (``all`` without ``--quick``): then :func:`sweep_plan`'s sweeps, the workloads'
+    scaling, each of :func:`measures`, and BENCHMARKS.md from every result."""
     try:
         reports = _run_workloads(workloads, args)
         if sweep is not None:
@@ -464,9 +474,10 @@ def _run(
         return 1
     if not full:
         return 0
+    scaled = _save_scaling(reports, args.out)
     facts = reports[0]["machine"]
     ran = [run_measure(name, argv, args.out, facts) for name, argv in measures()]
-    written = benchmarks_md.write([*reports, *swept, *ran], ROOT, "epochal bench all")
+    written = benchmarks_md.write([*reports, *scaled, *swept, *ran], ROOT, "epochal bench all")
     console.print(f"wrote {written}")
     return 0 if all(r.get("exit_code") == 0 for r in ran) else 1
 
@@ -525,6 +536,21 @@ def _save_sweep(summary: dict[str, Any], out: Path) -> None:
         summary["png"] = str(stem.with_suffix(".png"))
     console.print("\n".join(sweeps.section(summary, plotted=False)))
     console.print(f"sweep in {write_result(stem, summary)}")
+
+
+def _save_scaling(reports: list[dict[str, Any]], out: Path) -> list[dict[str, Any]]:
+    """The workloads' drains against their worker counts (:mod:`bench.scaling`), from the
+    reports at hand, as JSON and PNG; none with a single worker count (nothing to compare)."""
+    summary = scaling.summary(reports)
+    if len(summary["workers"]) < 2:
+        return []
+    stem = out / f"{slug(summary['title'])}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    if scaling.plot(stem.with_suffix(".png"), summary):
+        summary["png"] = str(stem.with_suffix(".png"))
+    console.print("\n".join(scaling.section(summary, plotted=False)))
+    console.print(f"scaling in {write_result(stem, summary)}")
+    return [summary]
 
 
 def measures() -> list[tuple[str, list[str]]]:

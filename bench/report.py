@@ -14,7 +14,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["machine", "measured", "plot_bars", "pyplot", "rate", "slug", "timed", "write_result"]
+__all__ = [
+    "cell",
+    "machine",
+    "measured",
+    "plot_bars",
+    "pyplot",
+    "rate",
+    "slug",
+    "timed",
+    "write_result",
+]
 
 _VERSIONED = ("epochal", "confluent-kafka", "msgspec", "deltalake", "pyarrow", "pyspark")
 
@@ -140,3 +150,8 @@ def rate(result: dict[str, Any], unit: str = "") -> str:
     if not timed(result):
         return f"untimed ({result['seconds']:.2f} s)"
     return f"{result['tps']:,.0f}{unit}"
+
+
+def cell(value: float | None) -> str:
+    """A :func:`measured` rate in a table's cell: "-" where there is none."""
+    return "-" if value is None else f"{value:,.0f}"

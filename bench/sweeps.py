@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.report import measured, pyplot, slug
+from bench.report import cell, measured, pyplot, slug
 
 __all__ = ["plot_lines", "section", "summary"]
 
@@ -58,7 +58,7 @@ def section(sweep: dict[str, Any], plotted: bool) -> list[str]:
         "|" + "---|" * (len(names) + 1),
     ]
     for point in sweep["points"]:
-        cells = [_tps(point["tps"].get(name)) for name in names]
+        cells = [cell(point["tps"].get(name)) for name in names]
         lines.append("| " + " | ".join([str(point["value"]), *cells]) + " |")
     lines.append("")
     if plotted:
@@ -69,10 +69,6 @@ def section(sweep: dict[str, Any], plotted: bool) -> list[str]:
 def _names(sweep: dict[str, Any]) -> list[str]:
     """The configurations of a sweep, in the order they first ran."""
     return list(dict.fromkeys(name for p in sweep["points"] for name in p["tps"]))
-
-
-def _tps(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
 
 
 def plot_lines(path: Path, sweep: dict[str, Any]) -> bool:

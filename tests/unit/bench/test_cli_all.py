@@ -34,7 +34,9 @@ def _stub_workloads(monkeypatch: pytest.MonkeyPatch) -> list[list[dict[str, Any]
     """``all`` without draining anything: one workload report; what BENCHMARKS.md got."""
 
     def workloads(kinds: list[Workload], args: argparse.Namespace) -> list[dict[str, Any]]:
-        return [{"title": "ycsbt", "machine": FACTS}]
+        results = [{"workers": w, "tps": 1_000.0 * w} for w in args.workers]
+        report = {"title": "ycsbt", "transactions": 1, "repeats": 1, "machine": FACTS}
+        return [{**report, "results": results, "baselines": []}]
 
     written: list[list[dict[str, Any]]] = []
 
@@ -67,11 +69,16 @@ def test_all_runs_the_planned_benchmarks_after_the_workloads_into_benchmarks_md(
     (reports,) = written
     assert [r.get("kind", r.get("title")) for r in reports] == [
         "ycsbt",
+        "scaling",  # of the workloads' own reports: no run of its own
         "sweep",
         "sweep",
         *(name for name, _ in cli.measures()),
     ]
-    assert [r["title"] for r in reports[1:3]] == [
+    assert reports[1]["rows"] == [
+        {"title": "ycsbt", "tps": {"1": 1_000, "2": 2_000}, "plain": None}
+    ]
+    assert list(tmp_path.glob("scaling-*.json")) and Path(reports[1]["png"]).is_file()
+    assert [r["title"] for r in reports[2:4]] == [
         "tstream-gs sweep zipf",
         "tstream-sl sweep multi_partition",
     ]
