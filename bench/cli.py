@@ -358,9 +358,9 @@ def _print_open_loop(report: dict[str, Any]) -> None:
         console.print(table)
     for row in latency.search_rows(report.get("search", [])):
         console.print(
-            f"sustainable, {row['workers']} worker(s), {row['runs']} run(s): "
-            f"{row['sustainable_tps']:,.0f} tx/s "
-            f"(each run {', '.join(f'{t:,}' for t in row['sustainable_runs'])}; "
+            f"sustainable, {row['workers']} worker(s): {row['sustainable_tps']:,.0f} tx/s "
+            f"(median of {row['runs']} run(s): "
+            f"{', '.join(f'{t:,}' for t in row['sustainable_runs'])}; "
             f"unloaded p99 {row['unloaded_p99_ms']:.0f} ms)"
         )
     for r in report.get("search", []):

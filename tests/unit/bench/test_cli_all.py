@@ -108,7 +108,12 @@ def test_a_sweep_runs_each_point_once_on_a_smaller_backlog_with_the_plain_baseli
     monkeypatch.setattr(cli, "_run_workloads", workloads)
     ((points, field), _) = cli.sweep_plan()
     args = argparse.Namespace(
-        transactions=200_000, repeats=3, rate="search", baselines=True, anchor_rates=True
+        transactions=200_000,
+        repeats=3,
+        rate="search",
+        baselines=True,
+        anchor_rates=True,
+        anchor_search=True,
     )
     sweep = cli._sweep(points, field, argparse.Namespace(**vars(args), out=tmp_path))
     (used,) = seen
@@ -118,6 +123,7 @@ def test_a_sweep_runs_each_point_once_on_a_smaller_backlog_with_the_plain_baseli
         None,
         False,
     )
+    assert not used.anchor_search  # no curve per point either
     assert used.baselines and args.transactions == 200_000  # the caller's flags untouched
     assert [p["value"] for p in sweep["points"]] == [0.0, 0.3, 0.6, 0.9]
     assert [p["tps"]["epochal, 1 worker(s)"] for p in sweep["points"]] == [100, 200, 300, 400]
