@@ -11,8 +11,10 @@ memory. Their parameters are flags (``--zipf 0.99``). The other benchmarks keep 
 ``--quick`` is a smoke run for correctness, not for figures: a small backlog, one worker, one
 repeat, no baselines, and the run checked against the serial oracle (``--check``, on by default
 with ``--quick``). ``epochal bench all --quick`` runs every workload so; ``epochal bench all``
-runs every workload in full, then :func:`measures` (the bank on TSpoon's 100,000 accounts,
-queries, snapshots, restart, recovery), and writes BENCHMARKS.md from all of it.
+runs every workload in full (YCSB-T also open loop at its anchor's rate, and searched once:
+:func:`_open_loop_plan`), then :func:`measures` (the bank on TSpoon's 100,000 accounts,
+queries, snapshots, restart, recovery), and writes BENCHMARKS.md from all of it, the workloads'
+scaling (:mod:`bench.scaling`) with it.
 
 Results go to ``bench/results/<workload>-<date>.json`` (with the machine, versions, commit and
 date) and a PNG beside it.
@@ -90,8 +92,10 @@ phase until p99 passes 20 times the unloaded p99 or the egress falls behind.
 
 --quick is a smoke run for correctness: 2,000 transactions, 1 worker, once, no baselines, and
 each run checked against the serial oracle. Results go to bench/results/ (JSON and PNG);
-epochal bench all, without --quick, then also runs bank (TSpoon's 100,000 accounts), queries,
-snapshots, restart and recovery, and writes BENCHMARKS.md.
+epochal bench all, without --quick, also runs YCSB-T open loop at its anchor's 2,000 tx/s and
+searches its sustainable rate once (a throughput-against-latency plot), then bank (TSpoon's
+100,000 accounts), queries, snapshots, restart and recovery, and writes BENCHMARKS.md (with the
+workloads' scaling from 1 to 2 workers).
 
   epochal bench ycsbt --zipf 0.99 --multi-partition 0.25
   epochal bench tstream gs --read-ratio 0.8
