@@ -4,10 +4,10 @@ One section per workload: its setup and parameters, epochal's figures beside the
 the same run (ratios, CPU per transaction by role), open-loop latency and the sustainable rate
 when measured (a row per configuration: medians over its runs, and their spread), the
 leaderboard's client-ordered rate beside its drain's (as S-Store sets its own beside H-Store's),
-and the anchor: the published figure of the system the workload comes from,
-with its setup, and a per-core figure where the anchor gives one. Then the workloads' scaling
-from 1 to 2 workers (:mod:`bench.scaling`), the sweeps, and one per benchmark with flags of its
-own (a report with a ``kind``: :mod:`bench.measures_md`). The plots go beside it.
+and the anchor: the published figure of the system the workload comes from, with its setup, and
+a per-core figure where the anchor gives one. Then the workloads' scaling from 1 to 2 workers
+(:mod:`bench.scaling`), the sweeps, and one per benchmark with flags of its own (a report with a
+``kind``: :mod:`bench.measures_md`). The plots go beside it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from bench import latency, measures_md, scaling, sweeps
 from bench.report import rate, slug, timed
 
-__all__ = ["client_ordered_line", "render", "write"]
+__all__ = ["PNGS", "client_ordered_line", "render", "write"]
 
 
 PNGS = {"png": "", "curve_png": "-latency"}  # a report's PNGs: the suffix of each's copy's name
@@ -30,7 +30,7 @@ def write(reports: Sequence[dict[str, Any]], root: Path, command: str) -> Path:
     """``<root>/BENCHMARKS.md`` and its plots in ``<root>/bench/plots/``; the file written."""
     plots = root / "bench" / "plots"
     plots.mkdir(parents=True, exist_ok=True)
-    copied = set()
+    copied: set[str] = set()
     for report in reports:
         for key, suffix in PNGS.items():
             png = Path(report.get(key, ""))
