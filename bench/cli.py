@@ -370,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
         kind = WORKLOADS[name]
         parser = _workload_parser(kind)
         args = _settled(parser, parser.parse_args(rest))
-        workload = kind(**{f.name: getattr(args, f.name) for f in dataclasses.fields(kind)})
+        try:
+            workload = kind(**{f.name: getattr(args, f.name) for f in dataclasses.fields(kind)})
+        except ValueError as exc:  # a parameter out of its range: a usage error, not a trace
+            parser.error(str(exc))
         field = args.sweep.partition("=")[0].replace("-", "_") if args.sweep else None
         return _run(_swept(parser, workload, args.sweep), args, sweep=field)
     print(f"epochal bench: no workload {name!r}; one of {', '.join(names)}", file=sys.stderr)
