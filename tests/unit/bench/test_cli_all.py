@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from bench import cli
-from bench.workloads.base import Workload
 
 FACTS = {"cpus": 2}
 
@@ -31,7 +30,7 @@ def test_a_full_run_plans_each_benchmark_with_the_flags_of_its_anchor() -> None:
 def _stub_workloads(monkeypatch: pytest.MonkeyPatch) -> list[list[dict[str, Any]]]:
     """``all`` without draining anything: one workload report; what BENCHMARKS.md got."""
 
-    def workloads(kinds: list[Workload], args: argparse.Namespace) -> list[dict[str, Any]]:
+    def workloads(points: list[cli.Point], args: argparse.Namespace) -> list[dict[str, Any]]:
         return [{"title": "ycsbt", "machine": FACTS}]
 
     written: list[list[dict[str, Any]]] = []
@@ -55,8 +54,8 @@ def test_all_runs_the_planned_benchmarks_after_the_workloads_into_benchmarks_md(
         ran.append((name, argv, out))
         return {"kind": name, "exit_code": 0}
 
-    def sweep(points: list[Workload], field: str, args: argparse.Namespace) -> dict[str, Any]:
-        return {"kind": "sweep", "title": f"{points[0].name} sweep {field}"}
+    def sweep(points: list[cli.Point], field: str, args: argparse.Namespace) -> dict[str, Any]:
+        return {"kind": "sweep", "title": f"{points[0].workload.name} sweep {field}"}
 
     monkeypatch.setattr(cli, "run_measure", run_measure)
     monkeypatch.setattr(cli, "_sweep", sweep)
@@ -65,8 +64,7 @@ def test_all_runs_the_planned_benchmarks_after_the_workloads_into_benchmarks_md(
     (reports,) = written
     assert [r.get("kind", r.get("title")) for r in reports] == [
         "ycsbt",
-        "sweep",
-        "sweep",
+        *["sweep"] * 2,
         *(name for name, _ in cli.measures()),
     ]
     assert [r["title"] for r in reports[1:3]] == [
@@ -80,24 +78,24 @@ def test_a_sweep_runs_each_point_once_on_a_smaller_backlog_with_the_plain_baseli
 ) -> None:
     seen: list[argparse.Namespace] = []
 
-    def workloads(kinds: list[Workload], args: argparse.Namespace) -> list[dict[str, Any]]:
+    def workloads(points: list[cli.Point], args: argparse.Namespace) -> list[dict[str, Any]]:
         seen.append(args)
         return [
             {
-                "workload": k.name,
+                "workload": p.workload.name,
                 "description": "",
-                "parameters": k.parameters(),
+                "parameters": p.parameters(),
                 "transactions": args.transactions,
                 "repeats": args.repeats,
                 "machine": FACTS,
                 "results": [{"workers": 1, "tps": 100.0 * (i + 1)}],
                 "baselines": [],
             }
-            for i, k in enumerate(kinds)
+            for i, p in enumerate(points)
         ]
 
     monkeypatch.setattr(cli, "_run_workloads", workloads)
-    ((points, field), _) = cli.sweep_plan()
+    (points, field), *_ = cli.sweep_plan()
     args = argparse.Namespace(
         transactions=200_000, repeats=3, rate="search", baselines=True, anchor_rates=True
     )
