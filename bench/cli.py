@@ -87,8 +87,10 @@ phase until p99 passes 20 times the unloaded p99 or the egress falls behind.
 
 --quick is a smoke run for correctness: 2,000 transactions, 1 worker, once, no baselines, and
 each run checked against the serial oracle. Results go to bench/results/ (JSON and PNG);
-epochal bench all, without --quick, then also runs bank (TSpoon's 100,000 accounts), queries,
-snapshots, restart and recovery, and writes BENCHMARKS.md.
+epochal bench all, without --quick, then also sweeps as TStream's figures do (grep and sum over
+skew, multi-partition length and epoch size; the streaming ledger over the multi-partition
+share), runs bank (TSpoon's 100,000 accounts), queries, snapshots, restart and recovery, and
+writes BENCHMARKS.md.
 
   epochal bench ycsbt --zipf 0.99 --multi-partition 0.25
   epochal bench tstream gs --read-ratio 0.8
@@ -519,13 +521,21 @@ def _run_workloads(points: list[Point], args: argparse.Namespace) -> list[dict[s
 
 def sweep_plan() -> list[tuple[list[Point], str]]:
     """The sweeps a full ``all`` runs, as TStream's figures do: grep and sum against skew, the
-    streaming ledger against the share of multi-partition transactions."""
+    streaming ledger against the share of multi-partition transactions, grep and sum (every
+    transaction multi-partition) against the most partitions one spans (its 10 keys reach that
+    many; 2 workers have 4 partitions, so lengths 2 to 4) and against the epoch size (TStream's
+    punctuation interval)."""
     return [
         ([Point(GrepSum(zipf=z)) for z in (0.0, 0.3, 0.6, 0.9)], "zipf"),
         (
             [Point(StreamingLedger(multi_partition=m)) for m in (0.0, 0.25, 0.5, 1.0)],
             "multi_partition",
         ),
+        (
+            [Point(GrepSum(multi_partition=1.0, multi_partition_length=n)) for n in (2, 3, 4)],
+            "multi_partition_length",
+        ),
+        ([Point(GrepSum(), epoch_records=n) for n in (100, 500, 2_000, 5_000)], "epoch_records"),
     ]
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench import cli
+from bench import cli, sweeps
 
 FACTS = {"cpus": 2}
 
@@ -64,12 +64,14 @@ def test_all_runs_the_planned_benchmarks_after_the_workloads_into_benchmarks_md(
     (reports,) = written
     assert [r.get("kind", r.get("title")) for r in reports] == [
         "ycsbt",
-        *["sweep"] * 2,
+        *["sweep"] * 4,
         *(name for name, _ in cli.measures()),
     ]
-    assert [r["title"] for r in reports[1:3]] == [
+    assert [r["title"] for r in reports[1:5]] == [
         "tstream-gs sweep zipf",
         "tstream-sl sweep multi_partition",
+        "tstream-gs sweep multi_partition_length",
+        "tstream-gs sweep epoch_records",
     ]
 
 
@@ -111,6 +113,24 @@ def test_a_sweep_runs_each_point_once_on_a_smaller_backlog_with_the_plain_baseli
     assert [p["value"] for p in sweep["points"]] == [0.0, 0.3, 0.6, 0.9]
     assert [p["tps"]["epochal, 1 worker(s)"] for p in sweep["points"]] == [100, 200, 300, 400]
     assert list(tmp_path.glob("tstream-gs-sweep-zipf-*.json"))
+
+
+def test_each_planned_sweep_varies_its_value_alone_and_says_what_it_is_in_words() -> None:
+    """A sweep finds its value in each report's parameters; the multi-partition lengths stay
+    within the 4 partitions of 2 workers (above, they mean nothing), and every transaction is
+    multi-partition, so that the points differ."""
+    plan = {field: [p.parameters() for p in points] for points, field in cli.sweep_plan()}
+    assert list(plan) == ["zipf", "multi_partition", "multi_partition_length", "epoch_records"]
+    for field, points in plan.items():
+        values = [p[field] for p in points]
+        assert len(set(values)) == len(values) > 2, field
+        rest = [{k: v for k, v in p.items() if k != field} for p in points]
+        assert all(r == rest[0] for r in rest), field
+        assert field in sweeps.SWEPT
+    assert [p["multi_partition_length"] for p in plan["multi_partition_length"]] == [2, 3, 4]
+    assert {p["multi_partition"] for p in plan["multi_partition_length"]} == {1.0}
+    assert [p["epoch_records"] for p in plan["epoch_records"]] == [100, 500, 2_000, 5_000]
+    assert "punctuation interval" in sweeps.SWEPT["epoch_records"][0]
 
 
 def test_all_quick_runs_none_of_them_and_writes_no_benchmarks_md(
