@@ -5,21 +5,24 @@ backlog through the default cluster on 1 and 2 workers and through their baselin
 workload's rules in plain Python and the stateless exactly-once pipe, over the same Kafka
 batches), ``--repeats`` times interleaved, and report medians: transactions per second, the
 ratio to each baseline, CPU microseconds per transaction by role (read from ``/proc``), peak
-memory. Their parameters are flags (``--zipf 0.99``). The other benchmarks keep their own flags:
-``bank``, ``queries``, ``recovery``, ``restart``, ``snapshots``.
+memory. Their parameters are flags (``--zipf 0.99``), and so is the clusters' epoch size
+(``--epoch-records``, TStream's punctuation interval); ``--sweep FIELD=V1,V2`` runs once per
+value of either (:class:`Point`). The other benchmarks keep their own flags: ``bank``,
+``queries``, ``recovery``, ``restart``, ``snapshots``.
 
 ``--quick`` is a smoke run for correctness, not for figures: a small backlog, one worker, one
 repeat, no baselines, and the run checked against the serial oracle (``--check``, on by default
 with ``--quick``). ``epochal bench all --quick`` runs every workload so; ``epochal bench all``
 runs every workload in full (YCSB-T also open loop at its anchor's rate, and searched once:
-:func:`_open_loop_plan`), then :func:`measures` (the bank on TSpoon's 100,000 accounts,
-queries, snapshots, restart, recovery), and writes BENCHMARKS.md from all of it, the workloads'
-scaling (:mod:`bench.scaling`) with it.
+:func:`_open_loop_plan`), then :func:`sweep_plan`'s sweeps and :func:`measures` (the bank on
+TSpoon's 100,000 accounts, queries, snapshots, restart, recovery), and writes BENCHMARKS.md from
+all of it, the workloads' scaling (:mod:`bench.scaling`) with it.
 
 Results go to ``bench/results/<workload>-<date>.json`` (with the machine, versions, commit and
 date) and a PNG beside it.
 
     epochal bench ycsbt --zipf 0.99 --multi-partition 0.25
+    epochal bench tstream-gs --sweep epoch_records=100,500,2000,5000
     epochal bench all --quick
 """
 
@@ -34,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +65,11 @@ from bench.workloads.base import Workload
 from bench.workloads.leaderboard import Leaderboard
 from bench.workloads.tstream import GrepSum, StreamingLedger
 from bench.workloads.ycsbt import YcsbT
-from epochal.config import CacheConfig, LocalBrokerConfig, cache_dir_from_env
+from epochal.config import CacheConfig, ClusterConfig, LocalBrokerConfig, cache_dir_from_env
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.local_broker import LocalBroker
 
-__all__ = ["main"]
+__all__ = ["Point", "main"]
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -83,8 +87,10 @@ Workloads with an app of their own drain a backlog through the default cluster o
 workers, and through their baselines (the workload's rules in plain Python, and the stateless
 exactly-once pipe, over the same Kafka batches): medians of 3 interleaved runs, transactions
 per second, ratios, CPU microseconds per transaction by role, peak memory. Their parameters are
-flags: epochal bench ycsbt --help. bank, queries, recovery, restart and snapshots keep flags of
-their own.
+flags: epochal bench ycsbt --help; --epoch-records N closes the clusters' epochs after N
+records (TStream's punctuation interval; or 20 ms, whichever comes first). --sweep FIELD=V1,V2
+runs once per value of a parameter or of epoch_records, and adds the sweep as a table and a
+line plot. bank, queries, recovery, restart and snapshots keep flags of their own.
 
 --rate N adds open-loop runs at N transactions per second (latency p50/p99/p99.9 from the
 input record's timestamp to its egress record's); --rate search raises the rate by half each
@@ -93,15 +99,45 @@ phase until p99 passes 20 times the unloaded p99 or the egress falls behind.
 --quick is a smoke run for correctness: 2,000 transactions, 1 worker, once, no baselines, and
 each run checked against the serial oracle. Results go to bench/results/ (JSON and PNG);
 epochal bench all, without --quick, also runs YCSB-T open loop at its anchor's 2,000 tx/s and
-searches its sustainable rate once (a throughput-against-latency plot), then bank (TSpoon's
-100,000 accounts), queries, snapshots, restart and recovery, and writes BENCHMARKS.md (with the
-workloads' scaling from 1 to 2 workers).
+searches its sustainable rate once (a throughput-against-latency plot), sweeps as TStream's
+figures do (grep and sum over skew, multi-partition length and epoch size; the streaming ledger
+over the multi-partition share), runs bank (TSpoon's 100,000 accounts), queries, snapshots,
+restart and recovery, and writes BENCHMARKS.md (with the workloads' scaling from 1 to 2
+workers).
 
   epochal bench ycsbt --zipf 0.99 --multi-partition 0.25
   epochal bench tstream gs --read-ratio 0.8
+  epochal bench tstream-gs --sweep epoch_records=100,500,2000,5000
   epochal bench leaderboard --rate search
   epochal bench all --quick"""
 BASELINES = ("workload", "pipe")
+CLUSTER = ClusterConfig()  # epochal run's defaults
+# Point's cluster settings (a --sweep may vary them too), each with how a --sweep value reads
+CLUSTER_SETTINGS: dict[str, Callable[[str], Any]] = {"epoch_records": int}
+
+
+@dataclass(frozen=True)
+class Point:
+    """What one report measures: a workload, on clusters with these settings (None: the
+    checkout's default, no flag). ``epoch_records``: an epoch closes after this many records
+    (or ``epochal run``'s 20 ms): TStream's punctuation interval. A sweep's value is one of the
+    workload's fields or one of these settings."""
+
+    workload: Workload
+    epoch_records: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.epoch_records is not None and self.epoch_records < 1:
+            raise ValueError(f"epoch_records: 1 record or more, not {self.epoch_records}")
+
+    def parameters(self) -> dict[str, Any]:
+        """The workload's parameters and the settings given: what a report records (and what a
+        sweep of either finds its value in)."""
+        given = {f: getattr(self, f) for f in CLUSTER_SETTINGS if getattr(self, f) is not None}
+        return {**self.workload.parameters(), **given}
+
+    def setup(self, workers: int) -> Setup:
+        return Setup(ROOT, workers, epoch_records=self.epoch_records)
 
 
 def _workload_parser(kind: type[Workload]) -> argparse.ArgumentParser:
@@ -117,7 +153,18 @@ def _workload_parser(kind: type[Workload]) -> argparse.ArgumentParser:
             default=field.default,
             help=f"a parameter of {kind.name}",
         )
-    parser.add_argument("--sweep", metavar="FIELD=V1,V2", help="run once per value of a parameter")
+    parser.add_argument(
+        "--epoch-records",
+        type=int,
+        help=f"the clusters close an epoch after this many records or {CLUSTER.epoch_ms} ms, "
+        "whichever comes first: TStream's punctuation interval (None: epochal run's "
+        f"{CLUSTER.epoch_records})",
+    )
+    parser.add_argument(
+        "--sweep",
+        metavar="FIELD=V1,V2",
+        help="run once per value of a parameter or of epoch_records",
+    )
     common_flags(parser)
     return parser
 
@@ -174,9 +221,10 @@ def _settled(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
 
 
 def run_workload(
-    workload: Workload, args: argparse.Namespace, bootstrap: str, broker_pid: int | None
+    point: Point, args: argparse.Namespace, bootstrap: str, broker_pid: int | None
 ) -> dict[str, Any]:
     """Every configuration and baseline ``--repeats`` times, interleaved; the medians."""
+    workload = point.workload
     runs: dict[int, list[dict[str, Any]]] = {w: [] for w in args.workers}
     plain: dict[str, list[dict[str, Any]]] = {k: [] for k in BASELINES if args.baselines}
     repeats = args.repeats if args.transactions > 0 else 0
@@ -194,7 +242,7 @@ def run_workload(
                     workload,
                     backlog,
                     bootstrap,
-                    Setup(ROOT, workers),
+                    point.setup(workers),
                     port_base=port,
                     broker_pid=broker_pid,
                     check=args.check,
@@ -209,13 +257,13 @@ def run_workload(
     for r in results:
         r["ratio_to"] = {b["baseline"]: r["tps"] / b["tps"] for b in baselines}
     defaults = type(workload)().parameters()
-    changed = {k: v for k, v in workload.parameters().items() if v != defaults.get(k)}
+    changed = {k: v for k, v in point.parameters().items() if v != defaults.get(k)}
     return {
-        **_open_loop(workload, args, bootstrap),
-        **_client_ordered(workload, args, bootstrap, broker_pid),
+        **_open_loop(point, args, bootstrap),
+        **_client_ordered(point, args, bootstrap, broker_pid),
         "workload": workload.name,
         "title": " ".join([workload.name, *(f"{k}={v}" for k, v in changed.items())]),
-        "parameters": workload.parameters(),
+        "parameters": point.parameters(),
         "description": workload.summary,
         "anchor": workload.anchor,
         "anchor_per_core": workload.anchor_per_core(),
@@ -226,16 +274,17 @@ def run_workload(
     }
 
 
-def _open_loop(workload: Workload, args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
+def _open_loop(point: Point, args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     """``--rate``'s runs: each worker count at the rate, or searched, ``--repeats`` times (every
     run is reported); see :func:`_open_loop_plan` for what a full ``all`` adds."""
+    workload = point.workload
     plan = _open_loop_plan(workload, args)
     if not plan:
         return {}
     report: dict[str, Any] = {"steady": [], "search": []}
     for repeat, fed in plan:
         for i, workers in enumerate(args.workers):
-            setup, port = Setup(ROOT, workers), args.port_base + 1_000 + 10 * i + 100 * repeat
+            setup, port = point.setup(workers), args.port_base + 1_000 + 10 * i + 100 * repeat
             console.print(f"{workload.name}: {workers} worker(s), open loop {fed}")
             if fed == "search":
                 report["search"].append(
@@ -280,10 +329,11 @@ def _open_loop_plan(workload: Workload, args: argparse.Namespace) -> list[tuple[
 
 
 def _client_ordered(
-    workload: Workload, args: argparse.Namespace, bootstrap: str, broker_pid: int | None
+    point: Point, args: argparse.Namespace, bootstrap: str, broker_pid: int | None
 ) -> dict[str, Any]:
     """The leaderboard's votes sent one at a time by a client (:mod:`bench.client_ordered`), on
     the fewest workers drained; not with ``--quick`` (a cluster's start for a figure)."""
+    workload = point.workload
     if not isinstance(workload, Leaderboard) or not workload.client_votes or args.quick:
         return {}
     workers = min(args.workers)
@@ -293,7 +343,7 @@ def _client_ordered(
     run = client_ordered(
         workload,
         bootstrap,
-        Setup(ROOT, workers),
+        point.setup(workers),
         port_base=args.port_base + 2_000,
         broker_pid=broker_pid,
         seed=args.seed,
@@ -420,14 +470,18 @@ def main(argv: list[str] | None = None) -> int:
         args = _settled(parser, parser.parse_args(rest))
         args.anchor_rates = not args.quick  # each anchor's latency at the rate it was measured
         args.anchor_search = not args.quick  # and its workload's throughput-latency curve
-        return _run(_every_workload(args.quick), args, full=not args.quick)
+        return _run([Point(w) for w in _every_workload(args.quick)], args, full=not args.quick)
     if name in WORKLOADS:
         kind = WORKLOADS[name]
         parser = _workload_parser(kind)
         args = _settled(parser, parser.parse_args(rest))
-        workload = kind(**{f.name: getattr(args, f.name) for f in dataclasses.fields(kind)})
+        try:
+            workload = kind(**{f.name: getattr(args, f.name) for f in dataclasses.fields(kind)})
+            point = Point(workload, args.epoch_records)
+        except ValueError as exc:  # a parameter out of its range: a usage error, not a trace
+            parser.error(str(exc))
         field = args.sweep.partition("=")[0].replace("-", "_") if args.sweep else None
-        return _run(_swept(parser, workload, args.sweep), args, sweep=field)
+        return _run(_swept(parser, point, args.sweep), args, sweep=field)
     print(f"epochal bench: no workload {name!r}; one of {', '.join(names)}", file=sys.stderr)
     return 2
 
@@ -441,35 +495,45 @@ def _every_workload(quick: bool) -> list[Workload]:
     return [*defaults, YcsbT(multi_partition=1.0), YcsbT(zipf=0.99)]
 
 
-def _swept(
-    parser: argparse.ArgumentParser, workload: Workload, sweep: str | None
-) -> list[Workload]:
-    """``--sweep field=v1,v2``: the workload once per value (a figure's x axis)."""
+def _swept(parser: argparse.ArgumentParser, point: Point, sweep: str | None) -> list[Point]:
+    """``--sweep field=v1,v2``: the point once per value (a figure's x axis) of one of the
+    workload's fields or of the clusters' settings (:data:`CLUSTER_SETTINGS`)."""
     if sweep is None:
-        return [workload]
+        return [point]
     field, _, values = sweep.partition("=")
     field = field.replace("-", "_")
-    fields = {f.name: f for f in dataclasses.fields(workload)}
-    if field not in fields or not values:
-        parser.error(f"--sweep takes FIELD=V1,V2,... with FIELD one of {sorted(fields)}")
-    kind: Any = type(fields[field].default)  # every field has a default of its type
+    fields = {f.name: f for f in dataclasses.fields(point.workload)}
+    if field not in {*fields, *CLUSTER_SETTINGS} or not values:
+        parser.error(
+            "--sweep takes FIELD=V1,V2,... with FIELD one of "
+            f"{sorted(fields)} or {sorted(CLUSTER_SETTINGS)}"
+        )
     try:
-        return [dataclasses.replace(workload, **{field: kind(v)}) for v in values.split(",")]
+        if field in CLUSTER_SETTINGS:
+            read = CLUSTER_SETTINGS[field]
+            return [dataclasses.replace(point, **{field: read(v)}) for v in values.split(",")]
+        kind: Any = type(fields[field].default)  # every field has a default of its type
+        return [
+            dataclasses.replace(
+                point, workload=dataclasses.replace(point.workload, **{field: kind(v)})
+            )
+            for v in values.split(",")
+        ]
     except ValueError as exc:
         parser.error(f"--sweep {sweep}: {exc}")
 
 
 def _run(
-    workloads: list[Workload],
+    points: list[Point],
     args: argparse.Namespace,
     full: bool = False,
     sweep: str | None = None,
 ) -> int:
-    """Each workload in turn on one broker; ``sweep``: the runs are one sweep of that field;
+    """Each point in turn on one broker; ``sweep``: the runs are one sweep of that field;
     ``full`` (``all`` without ``--quick``): then :func:`sweep_plan`'s sweeps, the workloads'
     scaling, each of :func:`measures`, and BENCHMARKS.md from every result."""
     try:
-        reports = _run_workloads(workloads, args)
+        reports = _run_workloads(points, args)
         if sweep is not None:
             _save_sweep(sweeps.summary(reports, sweep), args.out)
         swept = [_sweep(points, field, args) for points, field in sweep_plan()] if full else []
@@ -486,8 +550,8 @@ def _run(
     return 0 if all(r.get("exit_code") == 0 for r in ran) else 1
 
 
-def _run_workloads(workloads: list[Workload], args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Each workload's report, drained on one broker (a local one unless ``--bootstrap``)."""
+def _run_workloads(points: list[Point], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each point's report, drained on one broker (a local one unless ``--bootstrap``)."""
     broker, bootstrap, broker_pid = None, args.bootstrap, None
     if bootstrap is None:
         jars = fetch_jars(CacheConfig(cache_dir_from_env()), JarSet.KAFKA_BROKER)
@@ -499,8 +563,8 @@ def _run_workloads(workloads: list[Workload], args: argparse.Namespace) -> list[
     facts = machine(ROOT)
     reports = []
     try:
-        for workload in workloads:
-            report = {**run_workload(workload, args, bootstrap, broker_pid), "machine": facts}
+        for point in points:
+            report = {**run_workload(point, args, bootstrap, broker_pid), "machine": facts}
             _print(report)
             _save(report, args.out)
             reports.append(report)
@@ -510,19 +574,30 @@ def _run_workloads(workloads: list[Workload], args: argparse.Namespace) -> list[
     return reports
 
 
-def sweep_plan() -> list[tuple[list[Workload], str]]:
+def sweep_plan() -> list[tuple[list[Point], str]]:
     """The sweeps a full ``all`` runs, as TStream's figures do: grep and sum against skew, the
-    streaming ledger against the share of multi-partition transactions."""
+    streaming ledger against the share of multi-partition transactions, grep and sum (every
+    transaction multi-partition) against the most partitions one spans (its 10 keys reach that
+    many; 2 workers have 4 partitions, so lengths 2 to 4) and against the epoch size (TStream's
+    punctuation interval)."""
     return [
-        ([GrepSum(zipf=z) for z in (0.0, 0.3, 0.6, 0.9)], "zipf"),
-        ([StreamingLedger(multi_partition=m) for m in (0.0, 0.25, 0.5, 1.0)], "multi_partition"),
+        ([Point(GrepSum(zipf=z)) for z in (0.0, 0.3, 0.6, 0.9)], "zipf"),
+        (
+            [Point(StreamingLedger(multi_partition=m)) for m in (0.0, 0.25, 0.5, 1.0)],
+            "multi_partition",
+        ),
+        (
+            [Point(GrepSum(multi_partition=1.0, multi_partition_length=n)) for n in (2, 3, 4)],
+            "multi_partition_length",
+        ),
+        ([Point(GrepSum(), epoch_records=n) for n in (100, 500, 2_000, 5_000)], "epoch_records"),
     ]
 
 
 SWEEP_TRANSACTIONS = 50_000  # per point, once: a sweep shows a shape, not a figure
 
 
-def _sweep(points: list[Workload], field: str, args: argparse.Namespace) -> dict[str, Any]:
+def _sweep(points: list[Point], field: str, args: argparse.Namespace) -> dict[str, Any]:
     """One sweep of a full ``all``: each point once, on a smaller backlog, with the plain
     baseline (the reference line), without open-loop runs."""
     point_args = argparse.Namespace(**vars(args))

@@ -213,16 +213,19 @@ class RssSampler(threading.Thread):
 class Setup:
     """One configuration compared: a checkout of epochal, a worker count, snapshot settings
     (``off``, an interval in ms, ``weak``: weak recovery with the default interval, or
-    ``default``: the checkout's own default, no flag)."""
+    ``default``: the checkout's own default, no flag), and the records after which an epoch
+    closes (``--epoch-records``; None: the checkout's default, no flag)."""
 
     checkout: Path
     workers: int
     snapshots: str = "default"
+    epoch_records: int | None = None
 
     @property
     def label(self) -> str:
         snapshots = "" if self.snapshots == "default" else f", snapshots {self.snapshots}"
-        return f"{self.checkout.name}, {self.workers}w{snapshots}"
+        epochs = "" if self.epoch_records is None else f", epochs of {self.epoch_records:,}"
+        return f"{self.checkout.name}, {self.workers}w{snapshots}{epochs}"
 
 
 def _command(
@@ -258,6 +261,8 @@ def _command(
         command += ["--recovery", "weak"]
     elif setup.snapshots != "default":
         command += ["--snapshot-interval-ms", setup.snapshots]
+    if setup.epoch_records is not None and "--epoch-records" in cli:
+        command += ["--epoch-records", str(setup.epoch_records)]
     return command
 
 
@@ -333,6 +338,7 @@ class ClusterProcess(MeasuredProcess):
             "workers": self.setup.workers,
             "partitions": 2 * self.setup.workers,
             "snapshots": self.setup.snapshots,
+            "epoch_records": self.setup.epoch_records,
             "snapshots_taken": snapshots_taken(self.run_dir),
             "rollbacks": max(0, self.sampler.generation - 1),
             "peak_rss_mb": self.sampler.peak,

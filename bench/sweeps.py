@@ -1,6 +1,6 @@
-"""A sweep: one workload's throughput against one of its parameters (TStream's figures: skew,
-multi-partition share, transaction length), each configuration a line, as JSON, a PNG and a
-BENCHMARKS.md section.
+"""A sweep: one workload's throughput against one of its parameters or of its clusters' settings
+(TStream's figures: skew, multi-partition share and length, punctuation interval: the epoch
+size), each configuration a line, as JSON, a PNG and a BENCHMARKS.md section.
 
 ``epochal bench tstream-gs --sweep zipf=0,0.3,0.6,0.9`` runs the workload once per value; the
 runs' reports, in that order, make the sweep."""
@@ -12,8 +12,29 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import cell, measured, pyplot, slug
+from epochal.config import ClusterConfig
 
-__all__ = ["plot_lines", "section", "summary"]
+__all__ = ["SWEPT", "plot_lines", "section", "summary"]
+
+_CLUSTER = ClusterConfig()  # epochal run's defaults
+# What a swept field is, in words: (its axis, what a value means). A field not here is its name.
+SWEPT: dict[str, tuple[str, str]] = {
+    "zipf": ("skew (Zipf theta)", "0 is uniform; TStream's default is 0.6"),
+    "multi_partition": (
+        "multi-partition share",
+        "the share of transactions whose keys lie on more than one partition",
+    ),
+    "multi_partition_length": (
+        "multi-partition length, partitions",
+        "the most partitions a multi-partition transaction's keys lie on (TStream's 4). 1 worker "
+        "has 2 partitions and 2 workers 4: only lines of 2 workers or more tell the lengths apart",
+    ),
+    "epoch_records": (
+        "epoch size (TStream's punctuation interval), records",
+        f"an epoch closes after this many records or after {_CLUSTER.epoch_ms} ms, whichever "
+        f"comes first; epochal run's default is {_CLUSTER.epoch_records:,} (`--epoch-records`)",
+    ),
+}
 
 
 def summary(reports: Sequence[dict[str, Any]], field: str) -> dict[str, Any]:
@@ -46,12 +67,15 @@ def section(sweep: dict[str, Any], plotted: bool) -> list[str]:
     """BENCHMARKS.md lines: a row per value, a column per configuration."""
     names = _names(sweep)
     fixed = ", ".join(f"{k} {v}" for k, v in sweep["fixed"].items())
+    field = sweep["field"]
+    axis, meaning = SWEPT.get(field, (field, ""))
+    swept = f"{axis} (`{field}`)" + (f": {meaning}" if meaning else "")
     lines = [
-        f"## {sweep['workload']}: throughput against {sweep['field']}",
+        f"## {sweep['workload']}: throughput against {axis}",
         "",
         f"{sweep['description']}",
         "",
-        f"Swept: {sweep['field']}; fixed: {fixed}. {sweep['transactions']:,} measured "
+        f"Swept: {swept}. Fixed: {fixed}. {sweep['transactions']:,} measured "
         f"transactions per run, {sweep['repeats']} run(s) per point (median), tx/s:",
         "",
         "| " + " | ".join([sweep["field"], *names]) + " |",
@@ -82,10 +106,11 @@ def plot_lines(path: Path, sweep: dict[str, Any]) -> bool:
     for name in names:
         ys = [p["tps"].get(name) for p in sweep["points"]]
         ax.plot(values, [float("nan") if y is None else y for y in ys], marker="o", label=name)
-    ax.set_xlabel(sweep["field"])
+    axis = SWEPT.get(sweep["field"], (sweep["field"], ""))[0]
+    ax.set_xlabel(axis)
     ax.set_ylabel("tx/s (median)")
     ax.set_yscale("log")  # the baselines run several times faster: every line readable
-    ax.set_title(f"{sweep['workload']}: throughput against {sweep['field']}")
+    ax.set_title(f"{sweep['workload']}: throughput against {axis}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

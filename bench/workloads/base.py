@@ -108,7 +108,8 @@ def zipf_weights(n: int, theta: float) -> list[float]:
 class KeyChooser:
     """Draws keys of one actor type from ``keys`` (uniform, or Zipf ``theta`` over a random
     permutation of them, so the hot keys spread over every partition), and sets of distinct keys
-    that lie on one partition or on more than one, as the cluster's new layout places them."""
+    that lie on one partition or on several (as many as asked at most), as the cluster's new
+    layout places them."""
 
     def __init__(
         self,
@@ -136,26 +137,31 @@ class KeyChooser:
         total = self._cumulative[-1]
         return self.keys[bisect.bisect_left(self._cumulative, self._rng.random() * total)]
 
-    def distinct(self, count: int, multi_partition: bool) -> list[Any]:
-        """``count`` distinct keys; on one partition, or (``multi_partition``) on at least two.
-        ValueError if the key space cannot give that (its keys all on one partition, or fewer
-        than ``count`` of them on any one)."""
+    def distinct(self, count: int, multi_partition: bool, span: int | None = None) -> list[Any]:
+        """``count`` distinct keys; on one partition, or (``multi_partition``) on at least two
+        and at most ``span`` (None: any number; TStream's multi-partition length). ValueError if
+        the key space cannot give that (its keys all on one partition, or fewer than ``count``
+        of them on any one, or on any ``span``)."""
         spread = multi_partition
         if spread and self.partitions < 2:
             raise ValueError("multi-partition transactions need keys on two partitions or more")
-        if count > len(self.keys) or (not spread and count > self._fewest):
-            raise ValueError(f"{count} distinct keys on one partition: too few keys")
+        if spread and span is not None and span < 2:
+            raise ValueError(f"a multi-partition set spans two partitions or more, not {span}")
+        most = min(span or self.partitions, self.partitions) if spread else 1
+        if count > len(self.keys) or count > most * self._fewest:
+            raise ValueError(f"{count} distinct keys on {most} partition(s): too few keys")
         first = self.one()
         chosen = [first]
-        home = self._home[first]
+        homes = {self._home[first]}
         while len(chosen) < count:
             key = self.one()
             if key in chosen:
                 continue
-            elsewhere = self._home[key] != home
-            if spread and len(chosen) == 1 and not elsewhere:
-                continue  # the second key makes it multi-partition; the rest may fall anywhere
-            if not spread and elsewhere:
-                continue
+            home = self._home[key]
+            if home in homes and spread and len(homes) == 1:
+                continue  # the second partition makes it multi-partition
+            if home not in homes and len(homes) == most:
+                continue  # one partition more than the set may span
             chosen.append(key)
+            homes.add(home)
         return chosen

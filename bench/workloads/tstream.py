@@ -23,10 +23,12 @@ Concurrent State Access"), each a workload with its own app.
 Keys are Zipf-skewed with ``--zipf`` (TStream's default theta, 0.6; 0 is uniform), over a
 random permutation of the keys (TP: of the segments). A share ``--multi-partition`` (TStream's
 0.25) of the transactions of several keys (GS, SL, OB's alters and tops) has keys on more than
-one partition of the cluster's layout, the others on one. TStream's multi-partition length (4: a
-multi-partition transaction spans up to 4 partitions) is not enforced: ``KeyChooser.distinct``
-guarantees at least two partitions and lets the other keys fall where they are drawn, so 10 or
-20 keys over 4 partitions usually reach all four, and may reach more than 4 of a larger cluster.
+one partition of the cluster's layout, the others on one. A multi-partition transaction's keys
+lie on at least two and at most ``--multi-partition-length`` partitions (TStream's 4): its keys
+fall where they are drawn until they reach that many partitions, and the rest are drawn from
+those (``KeyChooser.distinct``). So GS's 10 keys and OB's 20 usually span exactly that many, and
+SL's 4 (a transfer) or 2 (a deposit) at most their number. A length above the layout's
+partitions bounds nothing: 2 workers have 4 partitions, and ``--quick``'s 1 worker has 2.
 
 Each app reads one input topic, ``txns``: one load record per key first (no egress), then the
 measured transactions, each writing one record to ``results`` or, if it aborts, an abort report
@@ -37,6 +39,7 @@ module's choices, not TStream's.
 
     epochal bench tstream-gs --read-ratio 0.8
     epochal bench tstream-ob --zipf 0.99 --multi-partition 0.5
+    epochal bench tstream-gs --multi-partition 1 --multi-partition-length 2
 """
 
 from __future__ import annotations
@@ -78,6 +81,16 @@ ANCHOR = (
 
 def _record(key: int, event: msgspec.Struct) -> Record:
     return Record(TOPIC, b"%d" % key, encode(event))
+
+
+def _check_multi_partition_length(length: int) -> None:
+    """A multi-partition transaction spans two partitions at least: a bound below that is no
+    multi-partition length."""
+    if length < 2:
+        raise ValueError(
+            "multi_partition_length: the most partitions a multi-partition transaction spans, "
+            f"2 or more, not {length}"
+        )
 
 
 # --- GS: Grep and Sum -------------------------------------------------------------------------
@@ -144,7 +157,8 @@ def gs_write(ctx: Context, e: WriteRows) -> None:
 
 @dataclass(frozen=True)
 class GrepSum(Workload):
-    """GS's parameters: rows, keys per transaction, read share, skew, multi-partition share."""
+    """GS's parameters: rows, keys per transaction, read share, skew, multi-partition share and
+    length (the most partitions one spans)."""
 
     name: ClassVar[str] = "tstream-gs"
     summary: ClassVar[str] = (
@@ -161,6 +175,10 @@ class GrepSum(Workload):
     read_ratio: float = 0.5
     zipf: float = 0.6
     multi_partition: float = 0.25
+    multi_partition_length: int = 4
+
+    def __post_init__(self) -> None:
+        _check_multi_partition_length(self.multi_partition_length)
 
     def backlog(self, transactions: int, partitions: int, seed: int) -> Backlog:
         rng = random.Random(seed)
@@ -170,7 +188,8 @@ class GrepSum(Workload):
             for key in range(self.rows)
         ]
         for _ in range(transactions):
-            keys = tuple(choose.distinct(self.length, rng.random() < self.multi_partition))
+            spread = rng.random() < self.multi_partition
+            keys = tuple(choose.distinct(self.length, spread, self.multi_partition_length))
             event: ReadRows | WriteRows
             if rng.random() < self.read_ratio:
                 event = ReadRows(keys)
@@ -309,8 +328,9 @@ def sl_transfer(ctx: Context, e: Transfer) -> None:
 @dataclass(frozen=True)
 class StreamingLedger(Workload):
     """SL's parameters: keys per type, starting balance, largest amount, transfer share, skew,
-    multi-partition share. Account ``i`` and asset ``i`` lie on the same partition (both types
-    sample ``range(keys)``), so one chooser draws keys of both."""
+    multi-partition share and length (the most partitions one spans). Account ``i`` and asset
+    ``i`` lie on the same partition (both types sample ``range(keys)``), so one chooser draws
+    keys of both."""
 
     name: ClassVar[str] = "tstream-sl"
     summary: ClassVar[str] = (
@@ -328,6 +348,10 @@ class StreamingLedger(Workload):
     transfer_ratio: float = 0.5
     zipf: float = 0.6
     multi_partition: float = 0.25
+    multi_partition_length: int = 4
+
+    def __post_init__(self) -> None:
+        _check_multi_partition_length(self.multi_partition_length)
 
     def backlog(self, transactions: int, partitions: int, seed: int) -> Backlog:
         rng = random.Random(seed)
@@ -339,7 +363,8 @@ class StreamingLedger(Workload):
         ]
         for _ in range(transactions):
             transfer = rng.random() < self.transfer_ratio
-            keys = choose.distinct(4 if transfer else 2, rng.random() < self.multi_partition)
+            spread = rng.random() < self.multi_partition
+            keys = choose.distinct(4 if transfer else 2, spread, self.multi_partition_length)
             money, units = rng.randint(1, self.max_amount), rng.randint(1, self.max_amount)
             event: Transfer | Deposit
             if transfer:  # the two accounts first: a multi-partition draw splits those
@@ -479,7 +504,7 @@ def ob_top(ctx: Context, e: Top) -> None:
 class OnlineBidding(Workload):
     """OB's parameters: items, their prices and starting quantity, the largest quantity a bid
     buys or a top adds, keys per alter and top, the bid:alter:top mix, skew, multi-partition
-    share (of alters and tops: a bid has one key)."""
+    share and length (the most partitions one spans; of alters and tops: a bid has one key)."""
 
     name: ClassVar[str] = "tstream-ob"
     summary: ClassVar[str] = (
@@ -501,6 +526,10 @@ class OnlineBidding(Workload):
     tops: int = 1
     zipf: float = 0.6
     multi_partition: float = 0.25
+    multi_partition_length: int = 4
+
+    def __post_init__(self) -> None:
+        _check_multi_partition_length(self.multi_partition_length)
 
     def backlog(self, transactions: int, partitions: int, seed: int) -> Backlog:
         rng = random.Random(seed)
@@ -519,7 +548,8 @@ class OnlineBidding(Workload):
                 price, quantity = rng.randint(1, self.max_price), rng.randint(1, self.max_quantity)
                 records.append(_record(item, Bid(item, price, quantity)))
                 continue
-            keys = tuple(choose.distinct(self.length, rng.random() < self.multi_partition))
+            spread = rng.random() < self.multi_partition
+            keys = tuple(choose.distinct(self.length, spread, self.multi_partition_length))
             if kind is Alter:
                 event = Alter(keys, tuple(rng.randint(1, self.max_price) for _ in keys))
             else:

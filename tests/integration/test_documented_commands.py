@@ -56,6 +56,7 @@ RUN = {
     'epochal sql "SELECT _key, balance FROM account" examples.bank.app:app --format csv',
     "epochal sql --stop-server",
     "epochal bench all --quick",
+    "epochal bench tstream-gs --quick --sweep epoch_records=200,1000",
 }
 # Synopses (placeholders) run with the example app put in; the others are --help checked only.
 SEARCH = (
@@ -344,6 +345,28 @@ def test_a_workload_searched_for_its_sustainable_rate_runs_quick(user: User) -> 
     kept = [p["rate"] for p in phases if p["passed"]]
     assert search["sustainable_tps"] == (kept[-1] if kept else 0), search
     assert f"sustainable, 1 worker(s): {search['sustainable_tps']:,} tx/s" in out, out
+
+
+def test_a_sweep_of_the_epoch_size_runs_quick_each_point_checked(user: User) -> None:
+    """The README's sweep of a cluster setting, from an empty directory: a drain per epoch size
+    on a cluster started with that ``--epoch-records``, each equal to the serial oracle, each
+    report with its value, and the sweep (JSON, and its table in words) with a point per value."""
+    out = user.run("epochal bench tstream-gs --quick --sweep epoch_records=200,1000", 400)
+    epochs = re.findall(r"checked \(1 worker\(s\)\): savepoint at epoch (\d+) = the serial", out)
+    assert len(epochs) == 2, out
+    # 10,000 rows loaded and 2,000 transactions: epochs of at most 200 records are 60 or more
+    assert int(epochs[0]) >= 60, out
+    results = user.cwd / "bench" / "results"
+    reports = [json.loads(p.read_text()) for p in results.glob("tstream-gs-epoch_records*.json")]
+    ran = {r["parameters"]["epoch_records"]: r["results"] for r in reports}
+    assert {size: [run["epoch_records"] for run in runs] for size, runs in ran.items()} == {
+        200: [200],
+        1000: [1000],
+    }
+    (swept,) = results.glob("tstream-gs-sweep-epoch_records-*.json")
+    sweep = json.loads(swept.read_text())
+    assert [p["value"] for p in sweep["points"]] == [200, 1000], sweep
+    assert "throughput against epoch size (TStream's punctuation interval), records" in out, out
 
 
 def _service_commands() -> list[list[str]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench import cli
+from bench import cli, sweeps
 from bench.workloads.base import Workload
 from bench.workloads.tstream import GrepSum
 from bench.workloads.ycsbt import YcsbT
@@ -33,7 +33,7 @@ def test_a_full_run_plans_each_benchmark_with_the_flags_of_its_anchor() -> None:
 def _stub_workloads(monkeypatch: pytest.MonkeyPatch) -> list[list[dict[str, Any]]]:
     """``all`` without draining anything: one workload report; what BENCHMARKS.md got."""
 
-    def workloads(kinds: list[Workload], args: argparse.Namespace) -> list[dict[str, Any]]:
+    def workloads(points: list[cli.Point], args: argparse.Namespace) -> list[dict[str, Any]]:
         results = [{"workers": w, "tps": 1_000.0 * w} for w in args.workers]
         report = {"title": "ycsbt", "transactions": 1, "repeats": 1, "machine": FACTS}
         return [{**report, "results": results, "baselines": []}]
@@ -59,8 +59,8 @@ def test_all_runs_the_planned_benchmarks_after_the_workloads_into_benchmarks_md(
         ran.append((name, argv, out))
         return {"kind": name, "exit_code": 0}
 
-    def sweep(points: list[Workload], field: str, args: argparse.Namespace) -> dict[str, Any]:
-        return {"kind": "sweep", "title": f"{points[0].name} sweep {field}"}
+    def sweep(points: list[cli.Point], field: str, args: argparse.Namespace) -> dict[str, Any]:
+        return {"kind": "sweep", "title": f"{points[0].workload.name} sweep {field}"}
 
     monkeypatch.setattr(cli, "run_measure", run_measure)
     monkeypatch.setattr(cli, "_sweep", sweep)
@@ -70,17 +70,18 @@ def test_all_runs_the_planned_benchmarks_after_the_workloads_into_benchmarks_md(
     assert [r.get("kind", r.get("title")) for r in reports] == [
         "ycsbt",
         "scaling",  # of the workloads' own reports: no run of its own
-        "sweep",
-        "sweep",
+        *["sweep"] * 4,
         *(name for name, _ in cli.measures()),
     ]
     assert reports[1]["rows"] == [
         {"title": "ycsbt", "tps": {"1": 1_000, "2": 2_000}, "plain": None}
     ]
     assert list(tmp_path.glob("scaling-*.json")) and Path(reports[1]["png"]).is_file()
-    assert [r["title"] for r in reports[2:4]] == [
+    assert [r["title"] for r in reports[2:6]] == [
         "tstream-gs sweep zipf",
         "tstream-sl sweep multi_partition",
+        "tstream-gs sweep multi_partition_length",
+        "tstream-gs sweep epoch_records",
     ]
 
 
@@ -89,24 +90,24 @@ def test_a_sweep_runs_each_point_once_on_a_smaller_backlog_with_the_plain_baseli
 ) -> None:
     seen: list[argparse.Namespace] = []
 
-    def workloads(kinds: list[Workload], args: argparse.Namespace) -> list[dict[str, Any]]:
+    def workloads(points: list[cli.Point], args: argparse.Namespace) -> list[dict[str, Any]]:
         seen.append(args)
         return [
             {
-                "workload": k.name,
+                "workload": p.workload.name,
                 "description": "",
-                "parameters": k.parameters(),
+                "parameters": p.parameters(),
                 "transactions": args.transactions,
                 "repeats": args.repeats,
                 "machine": FACTS,
                 "results": [{"workers": 1, "tps": 100.0 * (i + 1)}],
                 "baselines": [],
             }
-            for i, k in enumerate(kinds)
+            for i, p in enumerate(points)
         ]
 
     monkeypatch.setattr(cli, "_run_workloads", workloads)
-    ((points, field), _) = cli.sweep_plan()
+    (points, field), *_ = cli.sweep_plan()
     args = argparse.Namespace(
         transactions=200_000,
         repeats=3,
@@ -128,6 +129,24 @@ def test_a_sweep_runs_each_point_once_on_a_smaller_backlog_with_the_plain_baseli
     assert [p["value"] for p in sweep["points"]] == [0.0, 0.3, 0.6, 0.9]
     assert [p["tps"]["epochal, 1 worker(s)"] for p in sweep["points"]] == [100, 200, 300, 400]
     assert list(tmp_path.glob("tstream-gs-sweep-zipf-*.json"))
+
+
+def test_each_planned_sweep_varies_its_value_alone_and_says_what_it_is_in_words() -> None:
+    """A sweep finds its value in each report's parameters; the multi-partition lengths stay
+    within the 4 partitions of 2 workers (above, they mean nothing), and every transaction is
+    multi-partition, so that the points differ."""
+    plan = {field: [p.parameters() for p in points] for points, field in cli.sweep_plan()}
+    assert list(plan) == ["zipf", "multi_partition", "multi_partition_length", "epoch_records"]
+    for field, points in plan.items():
+        values = [p[field] for p in points]
+        assert len(set(values)) == len(values) > 2, field
+        rest = [{k: v for k, v in p.items() if k != field} for p in points]
+        assert all(r == rest[0] for r in rest), field
+        assert field in sweeps.SWEPT
+    assert [p["multi_partition_length"] for p in plan["multi_partition_length"]] == [2, 3, 4]
+    assert {p["multi_partition"] for p in plan["multi_partition_length"]} == {1.0}
+    assert [p["epoch_records"] for p in plan["epoch_records"]] == [100, 500, 2_000, 5_000]
+    assert "punctuation interval" in sweeps.SWEPT["epoch_records"][0]
 
 
 def test_all_quick_runs_none_of_them_and_writes_no_benchmarks_md(
@@ -222,7 +241,7 @@ def test_the_anchor_search_runs_each_worker_count_once_on_ports_of_its_own(
         seed=1,
         quick=False,
     )
-    report = cli._open_loop(YcsbT(), args, "127.0.0.1:1")
+    report = cli._open_loop(cli.Point(YcsbT()), args, "127.0.0.1:1")
     assert [kind for kind, *_ in ports] == ["steady"] * 4 + ["search"] * 2
     assert len({port for *_, port in ports}) == len(ports)
     assert [r["workers"] for r in report["search"]] == [1, 2]

@@ -101,13 +101,16 @@ def test_the_leaderboard_runs_client_ordered_on_the_fewest_workers_but_not_quick
 
     monkeypatch.setattr(cli, "client_ordered", run)
     board = Leaderboard(client_votes=200)
-    assert cli._client_ordered(board, _args(False, [2, 1]), "b:1", None) == {
+    point = cli.Point(board, epoch_records=300)  # its clusters' settings go to the run too
+    assert cli._client_ordered(point, _args(False, [2, 1]), "b:1", None) == {
         "client_ordered": {"votes_per_s": 40.0}
     }
-    assert [(s.workers, port) for _, s, port in calls] == [(1, 22_000)] and calls[0][0] is board
-    assert cli._client_ordered(board, _args(True, [1]), "b:1", None) == {}
-    assert cli._client_ordered(Leaderboard(client_votes=0), _args(False, [1]), "b:1", None) == {}
-    assert cli._client_ordered(YcsbT(), _args(False, [1]), "b:1", None) == {}
+    assert [(s.workers, s.epoch_records, port) for _, s, port in calls] == [(1, 300, 22_000)]
+    assert calls[0][0] is board
+    assert cli._client_ordered(point, _args(True, [1]), "b:1", None) == {}
+    no_votes = cli.Point(Leaderboard(client_votes=0))
+    assert cli._client_ordered(no_votes, _args(False, [1]), "b:1", None) == {}
+    assert cli._client_ordered(cli.Point(YcsbT()), _args(False, [1]), "b:1", None) == {}
     assert len(calls) == 1
     with pytest.raises(ValueError, match="client_votes"):
         Leaderboard(client_votes=-1)

@@ -119,6 +119,59 @@ def test_grep_sum_reads_its_share_and_spreads_its_multi_partition_share(read_rat
     assert abs(sum(s > 1 for s in spans) / 4_000 - 0.25) < 0.03
 
 
+def _keys(event: dict[str, Any]) -> list[int]:
+    """A decoded GS, SL or OB transaction's keys (SL's account ``i`` and asset ``i`` share a
+    partition, OB's bids have one key)."""
+    for field in ("keys", "items"):
+        if field in event:
+            return list(event[field])
+    return [v for k, v in event.items() if k.endswith(("account", "asset", "item"))]
+
+
+@pytest.mark.parametrize("length", [2, 3, 8])
+@pytest.mark.parametrize(
+    ("kind", "actor"), [(GrepSum, "Row"), (StreamingLedger, "Account"), (OnlineBidding, "Item")]
+)
+def test_a_multi_partition_transaction_spans_two_partitions_up_to_the_length(
+    kind: type[GrepSum | StreamingLedger | OnlineBidding], actor: str, length: int
+) -> None:
+    """On 8 partitions, half multi-partition: those span 2 to ``--multi-partition-length``
+    partitions (GS's 10 keys and OB's 20 reach it), the others one."""
+    workload = kind(multi_partition=0.5, multi_partition_length=length)
+    backlog = workload.backlog(1_000, partitions=8, seed=3)
+    assert backlog == workload.backlog(1_000, partitions=8, seed=3)
+    ranges = KeyRanges.even(workload.load_app(), 8)
+    decode = msgspec.msgpack.Decoder().decode
+    spans = Counter(
+        len({ranges.partition_of(KeyRef(actor, k)) for k in keys})
+        for r in backlog.records[-backlog.measured :]
+        if len(keys := _keys(decode(r.value))) > 1
+    )
+    assert set(spans) <= {1, *range(2, length + 1)}, spans
+    assert 0.4 < sum(n for span, n in spans.items() if span > 1) / spans.total() < 0.6
+    if kind is not StreamingLedger:
+        assert max(spans) == length
+
+
+@pytest.mark.parametrize("kind", [GrepSum, StreamingLedger, OnlineBidding])
+def test_a_multi_partition_length_below_two_is_refused(
+    kind: type[GrepSum | StreamingLedger | OnlineBidding],
+) -> None:
+    with pytest.raises(ValueError, match=r"multi_partition_length: .* 2 or more, not 1"):
+        kind(multi_partition_length=1)
+
+
+def test_the_cli_says_a_multi_partition_length_below_two_is_out_of_range(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["tstream-ob", "--multi-partition-length", "1"])
+    assert exited.value.code == 2
+    assert "error: multi_partition_length: " in capsys.readouterr().err
+
+
 def test_toll_processing_charges_congested_segments() -> None:
     workload = TollProcessing(cars=200, zipf=0.99)
     plain = workload.plain()

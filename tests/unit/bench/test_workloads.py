@@ -65,3 +65,57 @@ def test_uniform_keys_cover_every_partition_evenly() -> None:
     ranges = KeyRanges.even(app, 4)
     counts = Counter(ranges.partition_of(KeyRef("Row", choose.one())) for _ in range(8_000))
     assert all(1_700 < n < 2_300 for n in counts.values())
+
+
+@pytest.mark.parametrize("partitions", range(2, 9))
+def test_a_multi_partition_set_spans_two_partitions_up_to_its_bound(partitions: int) -> None:
+    """For many seeds, each bound from 2 to one past the layout (no bound left) and 2 to 20
+    keys: a multi-partition set lies on 2 to ``span`` partitions, and 20 keys reach the bound;
+    a single-partition set lies on one. The same seed draws the same sets."""
+    app = YcsbT().load_app()
+    ranges = KeyRanges.even(app, partitions)
+    keys = range(0, 10_000, 5)  # spread over the layout, fewer to place
+
+    def spanned(chosen: list[int]) -> int:
+        return len({ranges.partition_of(KeyRef("Row", k)) for k in chosen})
+
+    def draws(seed: int) -> list[list[int]]:
+        theta = 0.6 if seed % 2 else 0.0
+        choose = KeyChooser(app, "Row", keys, partitions, theta=theta, rng=random.Random(seed))
+        return [
+            choose.distinct(count, multi, span)
+            for span in range(2, partitions + 2)
+            for count in (2, 4, 20)
+            for multi in (True, False)
+        ]
+
+    reached: Counter[int] = Counter()
+    for seed in range(25):
+        sets = draws(seed)
+        assert sets == draws(seed)
+        shapes = [
+            (span, count, multi)
+            for span in range(2, partitions + 2)
+            for count in (2, 4, 20)
+            for multi in (True, False)
+        ]
+        for (span, count, multi), chosen in zip(shapes, sets, strict=True):
+            assert len(set(chosen)) == count
+            if not multi:
+                assert spanned(chosen) == 1, chosen
+                continue
+            assert 2 <= spanned(chosen) <= min(span, count), (span, chosen)
+            if count == 20:
+                reached[span] = max(reached[span], spanned(chosen))
+    assert reached == {span: min(span, partitions) for span in range(2, partitions + 2)}
+
+
+def test_a_bound_below_two_partitions_is_refused() -> None:
+    keys = range(0, 10_000, 100)  # 25 on each of 4 partitions
+    choose = KeyChooser(YcsbT().load_app(), "Row", keys, 4, theta=0.0, rng=random.Random(1))
+    with pytest.raises(ValueError, match="two partitions or more"):
+        choose.distinct(4, True, 1)
+    with pytest.raises(ValueError, match="30 distinct keys on 1 partition"):
+        choose.distinct(30, False)
+    with pytest.raises(ValueError, match="60 distinct keys on 2 partition"):
+        choose.distinct(60, True, 2)
