@@ -188,8 +188,8 @@ class RssSampler(threading.Thread):
             self._sample_cpu(roles)
             if self.logging_from is None and self.log_end is not None and self.log_end() > 0:
                 self.logging_from = self.cpu[-2][0] if len(self.cpu) > 1 else self.cpu[-1][0]
-            if time.monotonic() >= next_rss:
-                next_rss += self.interval_s
+            if time.monotonic() >= next_rss:  # not catching up after a gap: one sample
+                next_rss = time.monotonic() + self.interval_s
                 sample = {r: rss_mb(pid) for r, pid in roles.items() if r not in self.untracked}
                 self.series.append((time.monotonic() - started, sample))
                 for role, mb in sample.items():
