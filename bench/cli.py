@@ -6,13 +6,13 @@ workload's rules in plain Python and the stateless exactly-once pipe, over the s
 batches), ``--repeats`` times interleaved, and report medians: transactions per second, the
 ratio to each baseline, CPU microseconds per transaction by role (read from ``/proc``), peak
 memory. Their parameters are flags (``--zipf 0.99``). The other benchmarks keep their own flags:
-``bank``, ``queries``, ``recovery``, ``restart``, ``snapshots``.
+``bank``, ``long``, ``queries``, ``recovery``, ``restart``, ``snapshots``.
 
 ``--quick`` is a smoke run for correctness, not for figures: a small backlog, one worker, one
 repeat, no baselines, and the run checked against the serial oracle (``--check``, on by default
 with ``--quick``). ``epochal bench all --quick`` runs every workload so; ``epochal bench all``
-runs every workload in full, then :func:`measures` (the bank on TSpoon's 100,000 accounts,
-queries, snapshots, restart, recovery), and writes BENCHMARKS.md from all of it.
+runs every workload in full, then :func:`measures` (the bank on TSpoon's 100,000 accounts, the
+long run, queries, snapshots, restart, recovery), and writes BENCHMARKS.md from all of it.
 
 Results go to ``bench/results/<workload>-<date>.json`` (with the machine, versions, commit and
 date) and a PNG beside it.
@@ -38,7 +38,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench import bank, benchmarks_md, queries, recover, restart, snapshots, sweeps
+from bench import bank, benchmarks_md, long_run, queries, recover, restart, snapshots, sweeps
 from bench.client_ordered import client_ordered
 from bench.drain import ROOT, CheckFailed, drain_baseline, drain_cluster
 from bench.processes import Setup
@@ -59,6 +59,7 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 
 OWN_FLAGS: dict[str, Callable[[list[str] | None], int]] = {
     "bank": bank.main,
+    "long": long_run.main,
     "queries": queries.main,
     "recovery": recover.main,
     "restart": restart.main,
@@ -71,8 +72,12 @@ Workloads with an app of their own drain a backlog through the default cluster o
 workers, and through their baselines (the workload's rules in plain Python, and the stateless
 exactly-once pipe, over the same Kafka batches): medians of 3 interleaved runs, transactions
 per second, ratios, CPU microseconds per transaction by role, peak memory. Their parameters are
-flags: epochal bench ycsbt --help. bank, queries, recovery, restart and snapshots keep flags of
-their own.
+flags: epochal bench ycsbt --help. bank, long, queries, recovery, restart and snapshots keep
+flags of their own.
+
+long drains a backlog of 10,000,000 bank transfers (--transfers) on 2 workers and reports the
+memory of every process against the transfers drained (flat or not), rollbacks, and whether
+money was conserved; --quick: 20,000 transfers.
 
 --rate N adds open-loop runs at N transactions per second (latency p50/p99/p99.9 from the
 input record's timestamp to its egress record's); --rate search raises the rate by half each
@@ -80,12 +85,13 @@ phase until p99 passes 20 times the unloaded p99 or the egress falls behind.
 
 --quick is a smoke run for correctness: 2,000 transactions, 1 worker, once, no baselines, and
 each run checked against the serial oracle. Results go to bench/results/ (JSON and PNG);
-epochal bench all, without --quick, then also runs bank (TSpoon's 100,000 accounts), queries,
-snapshots, restart and recovery, and writes BENCHMARKS.md.
+epochal bench all, without --quick, then also runs bank (TSpoon's 100,000 accounts), long
+(10,000,000 transfers), queries, snapshots, restart and recovery, and writes BENCHMARKS.md.
 
   epochal bench ycsbt --zipf 0.99 --multi-partition 0.25
   epochal bench tstream gs --read-ratio 0.8
   epochal bench leaderboard --rate search
+  epochal bench long --quick
   epochal bench all --quick"""
 BASELINES = ("workload", "pipe")
 
@@ -488,10 +494,13 @@ def _save_sweep(summary: dict[str, Any], out: Path) -> None:
 def measures() -> list[tuple[str, list[str]]]:
     """The benchmarks with flags of their own that a full ``all`` runs after the workloads
     (each on a broker of its own, so after the workloads' has stopped), with the flags of the
-    figures they are compared with: TSpoon's 100,000 accounts for the bank; a 1M-transaction
-    log replayed once (about 5 minutes on 2 cores)."""
+    figures they are compared with: TSpoon's 100,000 accounts for the bank; 10M transfers on 2
+    workers for the long run (two workers and their snapshot processes: every role a cluster
+    has, twice; about a minute to produce, 6 to 11 to drain at 15,000-30,000/s); a
+    1M-transaction log replayed once (about 5 minutes on 2 cores)."""
     return [
         ("bank", shlex.split("--accounts 100000 --transfers 200000 --workers 1 2 --repeats 3")),
+        ("long", shlex.split("--transfers 10000000 --workers 2")),
         ("queries", []),
         ("snapshots", []),
         ("restart", shlex.split("--parts kill --repeats 3")),
