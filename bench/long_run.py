@@ -212,7 +212,7 @@ def plot(path: Path, series: Sequence[dict[str, Any]], warm_from: int) -> bool:
     except ImportError:
         print("no matplotlib: no PNG (pip install matplotlib)", file=sys.stderr)
         return False
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     for role in sorted({role for s in series for role in s["rss_mb"]}):
         points = [(s["transfers"] / 1e6, s["rss_mb"][role]) for s in series if role in s["rss_mb"]]
         ax.plot([x for x, _ in points], [y for _, y in points], label=role, linewidth=1)
@@ -220,7 +220,7 @@ def plot(path: Path, series: Sequence[dict[str, Any]], warm_from: int) -> bool:
     ax.set_xlabel("transfers drained (millions)")
     ax.set_ylabel("RSS MB")
     ax.set_title("long run: memory of each process against the transfers drained")
-    ax.legend(fontsize=8, ncol=2)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # off the lines
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
