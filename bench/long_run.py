@@ -311,7 +311,7 @@ def _print(report: dict[str, Any]) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="epochal bench long",
-        description=(__doc__ or "").splitlines()[0],
+        description=" ".join((__doc__ or "").split("\n\n")[0].split()),  # its first sentence
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--transfers", type=int, default=TRANSFERS, help="the backlog")
