@@ -57,6 +57,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +72,7 @@ from rich.table import Table
 from bench.drain import produce_records
 from bench.open_loop import EgressWatcher, feed_at_rate, percentiles
 from bench.processes import (
+    OUTSIDE,
     ClusterProcess,
     MeasuredProcess,
     RssSampler,
@@ -88,17 +92,24 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def produce(bootstrap: str, topic: str, transfers: int, accounts: int) -> None:
-    """The producer's deposits and ``transfers`` transfers onto ``topic``, keyed by account."""
-    records = (
-        Record(
-            topic,
-            (event.account if isinstance(event, Deposit) else event.source).encode(),
-            msgspec.msgpack.encode(event),
-        )
-        for event in events(transfers, accounts, seed=1)
-    )
-    produce_records(bootstrap, "", records)
+def produce(
+    bootstrap: str, topic: str, transfers: int, accounts: int, progress: Progress | None = None
+) -> None:
+    """The producer's deposits and ``transfers`` transfers onto ``topic``, keyed by account;
+    counted on a task of ``progress`` if given (10,000,000 take about a minute)."""
+    total = accounts + transfers
+    task = None if progress is None else progress.add_task(f"producing {topic}", total=total)
+
+    def records() -> Iterator[Record]:
+        for i, event in enumerate(events(transfers, accounts, seed=1)):
+            if progress is not None and task is not None and i % 100_000 == 0:
+                progress.update(task, completed=i)
+            key = event.account if isinstance(event, Deposit) else event.source
+            yield Record(topic, key.encode(), msgspec.msgpack.encode(event))
+        if progress is not None and task is not None:
+            progress.update(task, completed=total)
+
+    produce_records(bootstrap, "", records())
 
 
 def run_once(
@@ -115,18 +126,55 @@ def run_once(
     """Drain a backlog of ``transfers``: throughput from the first egress record to the last,
     and the CPU each role used meanwhile, per transfer."""
     setup = Setup(checkout, workers, snapshots)
-    name = f"bench{workers}w{uuid.uuid4().hex[:6]}"
+    return drain(bootstrap, setup, transfers, accounts, port_base, broker_pid=broker_pid).result
+
+
+@dataclass
+class Drained:
+    """A drain's result, and what a caller that measures more than its rate reads after it (a
+    long run): the stopped cluster (its sampler's RSS series, its run directory and warehouse),
+    the app's name, and ``(monotonic time, egress records out)`` over the drain."""
+
+    result: dict[str, Any]
+    cluster: ClusterProcess
+    name: str
+    timeline: list[tuple[float, int]]
+
+
+def drain(
+    bootstrap: str,
+    setup: Setup,
+    transfers: int,
+    accounts: int,
+    port_base: int,
+    *,
+    broker_pid: int | None = None,
+    timeout_s: float = 600,
+    rss_every_s: float = 1.0,
+    untracked: Sequence[str] = OUTSIDE,
+    progress: Progress | None = None,
+) -> Drained:
+    """:func:`run_once`'s drain: the backlog produced, then the cluster started on it until
+    every transfer's egress record is out (``timeout_s`` at most), then stopped. RSS is
+    sampled every ``rss_every_s`` for each role but ``untracked``; ``progress``, if given,
+    counts the production and the drain (else a transient bar of its own counts the drain)."""
+    name = f"bench{setup.workers}w{uuid.uuid4().hex[:6]}"
     clients = KafkaClients(KafkaConfig(bootstrap))
     clients.create_topics([f"{name}.in.transfers"])
-    produce(bootstrap, f"{name}.in.transfers", transfers, accounts)
-    with ClusterProcess(setup, name, bootstrap, port_base, broker_pid) as cluster:
+    produce(bootstrap, f"{name}.in.transfers", transfers, accounts, progress)
+    cluster = ClusterProcess(setup, name, bootstrap, port_base, broker_pid)
+    cluster.sampler.interval_s, cluster.sampler.untracked = rss_every_s, tuple(untracked)
+    timeline: list[tuple[float, int]] = []
+    shown = nullcontext(progress) if progress else Progress(console=console, transient=True)
+    with cluster, shown as bars:
         cluster.sampler.log_end = lambda: end_offset(clients, f"{name}.cmd")
         clients.create_topics([f"{name}.out.receipts", f"{name}.out.errors"])
-        with Progress(console=console, transient=True) as progress:
-            first, last = count_egress(clients, name, transfers, progress, process=cluster)
+        first, last = count_egress(
+            clients, name, transfers, bars, process=cluster, timeout_s=timeout_s, timeline=timeline
+        )
         time.sleep(2 * cluster.sampler.cpu_interval_s)  # a CPU sample after the last egress
         cpu = cluster.sampler.cpu_between(first, last)
-    return {
+    result = {
         "cpu_us_per_tx": {role: 1e6 * s / transfers for role, s in sorted(cpu.items())},
         **cluster.facts(),
         "transfers": transfers,
@@ -134,6 +182,7 @@ def run_once(
         "tps": transfers / (last - first),
         "seconds_from_start": last - cluster.started,
     }
+    return Drained(result, cluster, name, timeline)
 
 
 # --- plain-Python baselines --------------------------------------------------------------

@@ -8,15 +8,15 @@ ratio to each baseline, CPU microseconds per transaction by role (read from ``/p
 memory. Their parameters are flags (``--zipf 0.99``), and so is the clusters' epoch size
 (``--epoch-records``, TStream's punctuation interval); ``--sweep FIELD=V1,V2`` runs once per
 value of either (:class:`Point`). The other benchmarks keep their own flags: ``bank``,
-``queries``, ``recovery``, ``restart``, ``snapshots``.
+``long``, ``queries``, ``recovery``, ``restart``, ``snapshots``.
 
 ``--quick`` is a smoke run for correctness, not for figures: a small backlog, one worker, one
 repeat, no baselines, and the run checked against the serial oracle (``--check``, on by default
 with ``--quick``). ``epochal bench all --quick`` runs every workload so; ``epochal bench all``
 runs every workload in full (YCSB-T also open loop at its anchor's rate, and searched once:
 :func:`_open_loop_plan`), then :func:`sweep_plan`'s sweeps and :func:`measures` (the bank on
-TSpoon's 100,000 accounts, queries, snapshots, restart, recovery), and writes BENCHMARKS.md from
-all of it, the workloads' scaling (:mod:`bench.scaling`) with it.
+TSpoon's 100,000 accounts, the long run, queries, snapshots, restart, recovery), and writes
+BENCHMARKS.md from all of it, the workloads' scaling (:mod:`bench.scaling`) with it.
 
 Results go to ``bench/results/<workload>-<date>.json`` (with the machine, versions, commit and
 date) and a PNG beside it.
@@ -48,6 +48,7 @@ from bench import (
     bank,
     benchmarks_md,
     latency,
+    long_run,
     queries,
     recover,
     restart,
@@ -75,6 +76,7 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 
 OWN_FLAGS: dict[str, Callable[[list[str] | None], int]] = {
     "bank": bank.main,
+    "long": long_run.main,
     "queries": queries.main,
     "recovery": recover.main,
     "restart": restart.main,
@@ -90,7 +92,11 @@ per second, ratios, CPU microseconds per transaction by role, peak memory. Their
 flags: epochal bench ycsbt --help; --epoch-records N closes the clusters' epochs after N
 records (TStream's punctuation interval; or 20 ms, whichever comes first). --sweep FIELD=V1,V2
 runs once per value of a parameter or of epoch_records, and adds the sweep as a table and a
-line plot. bank, queries, recovery, restart and snapshots keep flags of their own.
+line plot. bank, long, queries, recovery, restart and snapshots keep flags of their own.
+
+long drains a backlog of 10,000,000 bank transfers (--transfers) on 2 workers and reports the
+memory of every process against the transfers drained (flat or not), rollbacks, and whether
+money was conserved; --quick: 20,000 transfers.
 
 --rate N adds open-loop runs at N transactions per second (latency p50/p99/p99.9 from the
 input record's timestamp to its egress record's); --rate search raises the rate by half each
@@ -101,14 +107,15 @@ each run checked against the serial oracle. Results go to bench/results/ (JSON a
 epochal bench all, without --quick, also runs YCSB-T open loop at its anchor's 2,000 tx/s and
 searches its sustainable rate once (a throughput-against-latency plot), sweeps as TStream's
 figures do (grep and sum over skew, multi-partition length and epoch size; the streaming ledger
-over the multi-partition share), runs bank (TSpoon's 100,000 accounts), queries, snapshots,
-restart and recovery, and writes BENCHMARKS.md (with the workloads' scaling from 1 to 2
-workers).
+over the multi-partition share), runs bank (TSpoon's 100,000 accounts), long (10,000,000
+transfers), queries, snapshots, restart and recovery, and writes BENCHMARKS.md (with the
+workloads' scaling from 1 to 2 workers).
 
   epochal bench ycsbt --zipf 0.99 --multi-partition 0.25
   epochal bench tstream gs --read-ratio 0.8
   epochal bench tstream-gs --sweep epoch_records=100,500,2000,5000
   epochal bench leaderboard --rate search
+  epochal bench long --quick
   epochal bench all --quick"""
 BASELINES = ("workload", "pipe")
 CLUSTER = ClusterConfig()  # epochal run's defaults
@@ -635,10 +642,13 @@ def _save_scaling(reports: list[dict[str, Any]], out: Path) -> list[dict[str, An
 def measures() -> list[tuple[str, list[str]]]:
     """The benchmarks with flags of their own that a full ``all`` runs after the workloads
     (each on a broker of its own, so after the workloads' has stopped), with the flags of the
-    figures they are compared with: TSpoon's 100,000 accounts for the bank; a 1M-transaction
-    log replayed once (about 5 minutes on 2 cores)."""
+    figures they are compared with: TSpoon's 100,000 accounts for the bank; 10M transfers on 2
+    workers for the long run (two workers and their snapshot processes: every role a cluster
+    has, twice; about a minute to produce, 6 to 11 to drain at 15,000-30,000/s); a
+    1M-transaction log replayed once (about 5 minutes on 2 cores)."""
     return [
         ("bank", shlex.split("--accounts 100000 --transfers 200000 --workers 1 2 --repeats 3")),
+        ("long", shlex.split("--transfers 10000000 --workers 2")),
         ("queries", []),
         ("snapshots", []),
         ("restart", shlex.split("--parts kill --repeats 3")),

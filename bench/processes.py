@@ -31,6 +31,7 @@ from epochal.log.client import KafkaClients, arrived
 __all__ = [
     "BANK_APP",
     "BANK_OUTPUTS",
+    "OUTSIDE",
     "ClusterProcess",
     "MeasuredProcess",
     "RssSampler",
@@ -39,6 +40,7 @@ __all__ = [
     "count_egress",
     "cpu_s",
     "end_offset",
+    "rollbacks_logged",
     "rss_mb",
     "snapshots_taken",
 ]
@@ -55,17 +57,21 @@ def count_egress(
     *,
     outputs: Sequence[str] = BANK_OUTPUTS,
     process: MeasuredProcess | None = None,
+    timeout_s: float = 600,
+    timeline: list[tuple[float, int]] | None = None,
 ) -> tuple[float, float]:
     """Reads app ``name``'s egress ``outputs`` (``read_committed``) until ``transfers`` records
     came out; when the first and the last did (monotonic). SystemExit, with where its log is,
-    if ``process`` (the cluster, or the baseline) ends before."""
+    if ``process`` (the cluster, or the baseline) ends before, or after ``timeout_s``.
+    ``timeline`` gets ``(monotonic time, records out so far)`` at each batch: what a long run
+    plots its memory against."""
     consumer = clients.consumer(
         **{"isolation.level": "read_committed", "group.id": f"{name}.bench"}
     )
     consumer.assign([TopicPartition(f"{name}.out.{t}", 0, 0) for t in outputs])
     task = progress.add_task(f"{name}", total=transfers)
     seen, first, last = 0, 0.0, 0.0
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + timeout_s
     while seen < transfers and time.monotonic() < deadline:
         if process is not None and process.exited():
             consumer.close()
@@ -80,6 +86,8 @@ def count_egress(
             last = now
             seen += sum(1 for m in batch if m.error() is None)
             progress.update(task, completed=seen)
+            if timeline is not None:
+                timeline.append((now, seen))
     consumer.close()
     if seen < transfers:
         raise SystemExit(f"only {seen} of {transfers} transfers came out")
@@ -124,7 +132,8 @@ class RssSampler(threading.Thread):
     their RSS every ``interval_s`` (the peak per role, and the whole series) and their CPU time
     every ``cpu_interval_s`` (per role, summed over every process that held it: a rollback
     starts new ones). The broker's and this process's CPU count too (``broker``, ``bench``: the
-    load generator of an open-loop run, and the reader of the egress), not their memory."""
+    load generator of an open-loop run, and the reader of the egress), not their memory, unless
+    ``untracked`` says otherwise (a long run charts the broker's too)."""
 
     def __init__(
         self,
@@ -133,6 +142,8 @@ class RssSampler(threading.Thread):
         cpu_interval_s: float = 0.1,
         broker_pid: int | None = None,
         pids: dict[str, int] | None = None,
+        *,
+        untracked: Sequence[str] = OUTSIDE,
     ) -> None:
         super().__init__(daemon=True)
         self.status_file = status_file
@@ -140,8 +151,10 @@ class RssSampler(threading.Thread):
         self.interval_s = interval_s
         self.cpu_interval_s = cpu_interval_s
         self.broker_pid = broker_pid
+        self.untracked = tuple(untracked)  # roles whose RSS is not sampled
         self.peak: dict[str, float] = {}
-        self.series: list[tuple[float, dict[str, float]]] = []
+        self.series: list[tuple[float, dict[str, float]]] = []  # (s since ``began``, role -> MB)
+        self.began = 0.0  # monotonic time sampling started: ``series``' zero
         self.cpu: list[tuple[float, dict[str, float]]] = []  # (monotonic time, role -> CPU s)
         self.logging_from: float | None = None  # when the command log first held an epoch
         self.log_end: Callable[[], int] | None = None  # the command log's end offset
@@ -163,7 +176,7 @@ class RssSampler(threading.Thread):
         return roles
 
     def run(self) -> None:
-        started = next_rss = time.monotonic()
+        started = next_rss = self.began = time.monotonic()
         while not self.stopping.wait(self.cpu_interval_s):
             try:
                 roles = self._roles()
@@ -175,9 +188,9 @@ class RssSampler(threading.Thread):
             self._sample_cpu(roles)
             if self.logging_from is None and self.log_end is not None and self.log_end() > 0:
                 self.logging_from = self.cpu[-2][0] if len(self.cpu) > 1 else self.cpu[-1][0]
-            if time.monotonic() >= next_rss:
-                next_rss += self.interval_s
-                sample = {r: rss_mb(pid) for r, pid in roles.items() if r not in OUTSIDE}
+            if time.monotonic() >= next_rss:  # not catching up after a gap: one sample
+                next_rss = time.monotonic() + self.interval_s
+                sample = {r: rss_mb(pid) for r, pid in roles.items() if r not in self.untracked}
                 self.series.append((time.monotonic() - started, sample))
                 for role, mb in sample.items():
                     self.peak[role] = max(self.peak.get(role, 0.0), mb)
@@ -270,6 +283,15 @@ def snapshots_taken(run_dir: Path) -> int:
     """Snapshots committed during the run, as its log says."""
     try:
         return (run_dir / "run.log").read_text(errors="replace").count("snapshot committed ssid=")
+    except OSError:
+        return 0
+
+
+def rollbacks_logged(run_dir: Path) -> int:
+    """Rollbacks to a new generation during the run, as its supervisor logged them: a rollback
+    the status file no longer shows (it is read every 0.1 s) is still counted."""
+    try:
+        return (run_dir / "run.log").read_text(errors="replace").count("rolling back generation=")
     except OSError:
         return 0
 

@@ -218,6 +218,60 @@ def test_the_bank_shows_its_slowdown_for_transactions_beside_tspoons_7x() -> Non
     assert "![bank](bench/plots/bank.png)" in bank
 
 
+def _role(after: float, end: float, slope: float | None, flat: bool | None) -> dict[str, Any]:
+    growth = None if slope is None else slope * 9
+    return {
+        "after_warmup_mb": after,
+        "end_mb": end,
+        "peak_mb": max(after, end) + 5,
+        "slope_mb_per_m": slope,
+        "growth_mb": growth,
+        "flat": flat,
+    }
+
+
+LONG = {
+    "transfers": 10_000_000,
+    "workers": 2,
+    "tps": 27_777.7,
+    "seconds": 360.0,
+    "egress": 10_000_000,
+    "rollbacks": 0,
+    "generation": 1,
+    "conservation": {
+        "holds": True,
+        "deposits": 10_000_000,
+        "total": 10_000_000,
+        "accounts": 10_000,
+        "lowest": 0,
+    },
+    "warmup_transfers": 1_000_000,
+    "flat_mb": 20.0,
+    "memory": {
+        "broker": _role(420, 610, 21.0, None),
+        "sequencer": _role(110, 112, 0.2, True),
+        "worker0": _role(240, 300, 6.5, False),
+    },
+    "flat": False,
+}
+
+
+def test_the_long_run_shows_rollbacks_money_and_each_process_memory_against_its_bound() -> None:
+    text = _measures_text(_measure("long", LONG), plotted={"long"})
+    long = _section(text, "long run (a backlog of 10 million transfers: rollbacks and memory)")
+    assert "**27,778 transfers/s** over 360 s, 10,000,000 egress records" in long
+    assert "Rollbacks: **0** (generation 1 at the end)" in long
+    assert "for 10,000,000 deposited, lowest 0: conserved" in long
+    assert "the warm-up is the first 1,000,000 transfers" in long
+    assert "grows less than 20 MB (over at least 1,000,000 transfers)" in long
+    assert "| broker | 420 | 610 | 615 | +21.00 | +189.0 | not judged (Kafka's JVM) |" in long
+    assert "| sequencer | 110 | 112 | 117 | +0.20 | +1.8 | yes |" in long
+    assert "| worker0 | 240 | 300 | 305 | +6.50 | +58.5 | **no** |" in long
+    assert "Memory: **not flat**." in long and "![long](bench/plots/long.png)" in long
+    lost = {**LONG, "conservation": {"holds": False, "deposits": 1, "why": "no snapshot"}}
+    assert "Money: not checked: no snapshot." in _measures_text(_measure("long", lost))
+
+
 def test_queries_show_each_level_and_keys_idle_and_loaded_and_the_engine_beside_anchors() -> None:
     queries = _section(_measures_text(_measure("queries", QUERIES)), "queries")
     assert "| live | 1 | 20,761 | 0.28 / 1.14 | - | - |" in queries  # q/s at 32, latency at 1
