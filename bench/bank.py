@@ -419,6 +419,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+MAX_ACCOUNTS = 10_000
+"""The bank example's key space (``acct-\\d{4}``)."""
+
+
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for value in args.snapshots:
         if value not in ("off", "default", "weak") and not value.isdigit():
@@ -427,6 +431,11 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error("--rate takes a number of transfers per second, or half")
     if args.transfers <= 0 and (args.rate is None or args.rate == "half"):
         parser.error("without backlog runs (--transfers 0), --rate needs a number")
+    if not 2 <= args.accounts <= MAX_ACCOUNTS:  # more would fold onto the same keys, unsaid
+        parser.error(
+            f"--accounts takes 2 to {MAX_ACCOUNTS:,}: the bank example's keys are acct-0000 to "
+            f"acct-9999, not {args.accounts:,}"
+        )
 
 
 def _run_all(args: argparse.Namespace, bootstrap: str, setups: list[Setup]) -> dict[str, Any]:
@@ -502,7 +511,13 @@ def main(argv: list[str] | None = None) -> int:
             broker.stop()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"bench": "bank", "machine": platform.node(), "cpus": os.cpu_count(), **report}
+    report = {
+        "bench": "bank",
+        "machine": platform.node(),
+        "cpus": os.cpu_count(),
+        "accounts": args.accounts,
+        **report,
+    }
     stem = out / f"bank-{time.strftime('%Y%m%d-%H%M%S')}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2))
     drained = report["results"] + report["baselines"]

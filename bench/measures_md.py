@@ -49,14 +49,20 @@ def section(report: dict[str, Any], cores: int, plotted: bool) -> list[str]:
 # --- the bank ---------------------------------------------------------------------------------
 
 
+def _accounts(result: dict[str, Any]) -> str:
+    """The accounts a bank run drew from (a run before they were recorded: not said)."""
+    accounts = result.get("accounts")
+    return f"{accounts:,} accounts" if accounts else "the accounts"
+
+
 def _bank(result: dict[str, Any], cores: int) -> list[str]:
     plain = next(b["tps"] for b in result["baselines"] if b["baseline"] == "plain bank")
     runs = result["results"]
     lines = [
-        f"A backlog of {runs[0]['transfers']:,} transfers drained by the default cluster and, in "
-        "the same run over the same exactly-once Kafka batches, by the plain bank (one Python "
-        "process, the balances in a dict) and the exactly-once pipe (every record copied); "
-        "medians of the runs.",
+        f"A backlog of {runs[0]['transfers']:,} transfers over {_accounts(result)} drained by "
+        "the default cluster and, in the same run over the same exactly-once Kafka batches, by "
+        "the plain bank (one Python process, the balances in a dict) and the exactly-once pipe "
+        "(every record copied); medians of the runs.",
         "",
         "| system | transfers/s | per core | slowdown for transactions (plain bank / it) "
         "| rollbacks | CPU µs per transfer by role |",
@@ -321,7 +327,7 @@ RESTART_STEPS = (
     ("recovered_s", "every worker recovered"),
 )
 HEADINGS = {
-    "bank": "bank (TSpoon's 100,000 accounts)",
+    "bank": "bank (TSpoon's transfers, on the example's 10,000 accounts)",
     "long": "long run (a backlog of 10 million transfers: rollbacks and memory)",
     "queries": "queries (point reads per isolation level)",
     "snapshots": "snapshots (time and size)",

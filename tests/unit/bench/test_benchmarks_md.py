@@ -207,7 +207,7 @@ def _measures_text(*reports: dict[str, Any], plotted: set[str] | None = None) ->
 
 def test_the_bank_shows_its_slowdown_for_transactions_beside_tspoons_7x() -> None:
     text = _measures_text(_measure("bank", BANK), plotted={"bank"})
-    bank = _section(text, "bank (TSpoon's 100,000 accounts)")
+    bank = _section(text, "bank (TSpoon's transfers, on the example's 10,000 accounts)")
     assert text.index("## ycsbt") < text.index("## bank")
     assert "Run: `epochal bench bank --flags`." in bank
     assert "| epochal, 1 worker(s), default cluster | 30,000 | 15,000 | 5.0x | 0 |" in bank
