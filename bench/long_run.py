@@ -67,8 +67,8 @@ QUICK_TRANSFERS = 20_000
 WARMUP = 0.1  # of the transfers: what comes out before is start-up, caches and buffers filling
 FLAT_MB = 20.0  # growth, fitted, from the warm-up to the end: 10M transfers, ~2 bytes each
 MIN_SPAN = 1_000_000  # transfers after the warm-up, for a verdict: a shorter run can't tell a
-# leak of a few bytes a transfer from caches and buffers still filling (at 300,000 a snapshot
-# process grows 50 MB that 10M show to be its working set)
+# leak of a few bytes a transfer from caches and buffers still filling (over 300,000 transfers
+# a worker and a snapshot process still grew about 60 MB after the warm-up)
 NOT_JUDGED = ("broker",)  # charted, not epochal's memory
 
 
