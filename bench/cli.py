@@ -106,10 +106,10 @@ phase until p99 passes 20 times the unloaded p99 or the egress falls behind.
 each run checked against the serial oracle. Results go to bench/results/ (JSON and PNG);
 epochal bench all, without --quick, also runs YCSB-T open loop at its anchor's 2,000 tx/s and
 searches its sustainable rate once (a throughput-against-latency plot), sweeps as TStream's
-figures do (grep and sum over skew, multi-partition length and epoch size; the streaming ledger
-over the multi-partition share), runs bank (10,000 accounts), long (10,000,000
-transfers), queries, snapshots, restart and recovery, and writes BENCHMARKS.md (with the
-workloads' scaling from 1 to 2 workers).
+figures do (grep and sum over skew, read share, multi-partition length and epoch size; the
+streaming ledger and YCSB-T over the multi-partition share), runs bank (10,000 accounts),
+long (10,000,000 transfers), queries, snapshots, restart and recovery, and writes
+BENCHMARKS.md (with the workloads' scaling from 1 to 2 workers).
 
   epochal bench ycsbt --zipf 0.99 --multi-partition 0.25
   epochal bench tstream gs --read-ratio 0.8
@@ -586,9 +586,11 @@ def sweep_plan() -> list[tuple[list[Point], str]]:
     streaming ledger against the share of multi-partition transactions, grep and sum (every
     transaction multi-partition) against the most partitions one spans (its 10 keys reach that
     many; 2 workers have 4 partitions, so lengths 2 to 4) and against the epoch size (TStream's
-    punctuation interval)."""
+    punctuation interval) and against its share of read-only transactions; and YCSB-T against
+    the share of multi-partition transactions, as Styx's does."""
     return [
         ([Point(GrepSum(zipf=z)) for z in (0.0, 0.3, 0.6, 0.9)], "zipf"),
+        ([Point(GrepSum(read_ratio=r)) for r in (0.0, 0.5, 1.0)], "read_ratio"),
         (
             [Point(StreamingLedger(multi_partition=m)) for m in (0.0, 0.25, 0.5, 1.0)],
             "multi_partition",
@@ -598,6 +600,7 @@ def sweep_plan() -> list[tuple[list[Point], str]]:
             "multi_partition_length",
         ),
         ([Point(GrepSum(), epoch_records=n) for n in (100, 500, 2_000, 5_000)], "epoch_records"),
+        ([Point(YcsbT(multi_partition=m)) for m in (0.0, 0.25, 0.5, 1.0)], "multi_partition"),
     ]
 
 

@@ -20,6 +20,10 @@ _CLUSTER = ClusterConfig()  # epochal run's defaults
 # What a swept field is, in words: (its axis, what a value means). A field not here is its name.
 SWEPT: dict[str, tuple[str, str]] = {
     "zipf": ("skew (Zipf theta)", "0 is uniform; TStream's default is 0.6"),
+    "read_ratio": (
+        "share of read-only transactions",
+        "grep and sum: a transaction reads its rows and egresses their sum, or writes them all",
+    ),
     "multi_partition": (
         "multi-partition share",
         "the share of transactions whose keys lie on more than one partition",

@@ -71,18 +71,20 @@ def test_all_runs_the_planned_benchmarks_after_the_workloads_into_benchmarks_md(
     assert [r.get("kind", r.get("title")) for r in reports] == [
         "ycsbt",
         "scaling",  # of the workloads' own reports: no run of its own
-        *["sweep"] * 4,
+        *["sweep"] * 6,
         *(name for name, _ in cli.measures()),
     ]
     assert reports[1]["rows"] == [
         {"title": "ycsbt", "tps": {"1": 1_000, "2": 2_000}, "plain": None}
     ]
     assert list(tmp_path.glob("scaling-*.json")) and Path(reports[1]["png"]).is_file()
-    assert [r["title"] for r in reports[2:6]] == [
+    assert [r["title"] for r in reports[2:8]] == [
         "tstream-gs sweep zipf",
+        "tstream-gs sweep read_ratio",
         "tstream-sl sweep multi_partition",
         "tstream-gs sweep multi_partition_length",
         "tstream-gs sweep epoch_records",
+        "ycsbt sweep multi_partition",
     ]
 
 
@@ -136,17 +138,31 @@ def test_each_planned_sweep_varies_its_value_alone_and_says_what_it_is_in_words(
     """A sweep finds its value in each report's parameters; the multi-partition lengths stay
     within the 4 partitions of 2 workers (above, they mean nothing), and every transaction is
     multi-partition, so that the points differ."""
-    plan = {field: [p.parameters() for p in points] for points, field in cli.sweep_plan()}
-    assert list(plan) == ["zipf", "multi_partition", "multi_partition_length", "epoch_records"]
-    for field, points in plan.items():
+    plan = {
+        (points[0].workload.name, field): [p.parameters() for p in points]
+        for points, field in cli.sweep_plan()
+    }
+    assert list(plan) == [
+        ("tstream-gs", "zipf"),
+        ("tstream-gs", "read_ratio"),
+        ("tstream-sl", "multi_partition"),
+        ("tstream-gs", "multi_partition_length"),
+        ("tstream-gs", "epoch_records"),
+        ("ycsbt", "multi_partition"),  # Styx's 0, 25, 50 and 100 %
+    ]
+    for (_, field), points in plan.items():
         values = [p[field] for p in points]
         assert len(set(values)) == len(values) > 2, field
         rest = [{k: v for k, v in p.items() if k != field} for p in points]
         assert all(r == rest[0] for r in rest), field
         assert field in sweeps.SWEPT
-    assert [p["multi_partition_length"] for p in plan["multi_partition_length"]] == [2, 3, 4]
-    assert {p["multi_partition"] for p in plan["multi_partition_length"]} == {1.0}
-    assert [p["epoch_records"] for p in plan["epoch_records"]] == [100, 500, 2_000, 5_000]
+    lengths = plan["tstream-gs", "multi_partition_length"]
+    assert [p["multi_partition_length"] for p in lengths] == [2, 3, 4]
+    assert {p["multi_partition"] for p in lengths} == {1.0}
+    sizes = plan["tstream-gs", "epoch_records"]
+    assert [p["epoch_records"] for p in sizes] == [100, 500, 2_000, 5_000]
+    shares = plan["ycsbt", "multi_partition"]
+    assert [p["multi_partition"] for p in shares] == [0.0, 0.25, 0.5, 1.0]
     assert "punctuation interval" in sweeps.SWEPT["epoch_records"][0]
 
 
