@@ -646,12 +646,19 @@ def measures() -> list[tuple[str, list[str]]]:
     """The benchmarks with flags of their own that a full ``all`` runs after the workloads
     (each on a broker of its own, so after the workloads' has stopped), with the flags of the
     figures they are compared with: the bank on all 10,000 accounts of its example (TSpoon's
-    were 100,000); 10M transfers on 2
+    were 100,000), with snapshots and without, drained and at half its rate (S-QUERY's cost of
+    snapshots to latency); 10M transfers on 2
     workers for the long run (two workers and their snapshot processes: every role a cluster
     has, twice; about a minute to produce, 6 to 11 to drain at 15,000-30,000/s); a
     1M-transaction log replayed once (about 5 minutes on 2 cores)."""
     return [
-        ("bank", shlex.split("--accounts 10000 --transfers 200000 --workers 1 2 --repeats 3")),
+        (
+            "bank",
+            shlex.split(
+                "--accounts 10000 --transfers 200000 --workers 1 2 --repeats 3 "
+                "--snapshots default off --rate half"
+            ),
+        ),
         ("long", shlex.split("--transfers 10000000 --workers 2")),
         ("queries", []),
         ("snapshots", []),

@@ -69,7 +69,7 @@ def _bank(result: dict[str, Any], cores: int) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for r in runs + result["baselines"]:
-        label = r.get("baseline") or f"epochal, {r['workers']} worker(s), default cluster"
+        label = r.get("baseline") or _cluster(r)
         pipe = r.get("unit") == "records"  # its rate counts deposits too: no slowdown
         slowdown = "-" if pipe else f"{plain / r['tps']:.1f}x"
         cpu = ", ".join(f"{role} {us:.1f}" for role, us in r["cpu_us_per_tx"].items())
@@ -77,15 +77,68 @@ def _bank(result: dict[str, Any], cores: int) -> list[str]:
             f"| {label} | {r['tps']:,.0f}{' records/s' if pipe else ''} | {r['tps'] / cores:,.0f} "
             f"| {slowdown} | {r['rollbacks']} | {cpu} |"
         )
-    ours = ", ".join(f"{plain / r['tps']:.1f}x on {r['workers']} worker(s)" for r in runs)
+    default = [r for r in runs if r.get("snapshots", "default") == "default"]
+    ours = ", ".join(f"{plain / r['tps']:.1f}x on {r['workers']} worker(s)" for r in default)
     return [
         *lines,
         "",
+        *_what_snapshots_cost(runs, result.get("steady", [])),
         f"**Anchor:** {TSPOON_BANK} epochal's slowdown for transactions: {ours}, against "
         "TSpoon's 7x. The bars differ: TSpoon's is Flink on its cluster, epochal's one plain "
         f"Python process sharing the {cores} cores with the broker.",
         "",
     ]
+
+
+def _cluster(r: dict[str, Any]) -> str:
+    """A bank run's configuration in words: its workers and snapshot setting."""
+    snapshots = r.get("snapshots", "default")
+    setting = {"default": "default cluster", "off": "snapshots off"}.get(
+        snapshots, f"snapshots {snapshots}"
+    )
+    return f"epochal, {r['workers']} worker(s), {setting}"
+
+
+def _what_snapshots_cost(runs: list[dict[str, Any]], steady: list[dict[str, Any]]) -> list[str]:
+    """What snapshots cost, where the run has each worker count with them (the default) and
+    without: the share of throughput, and at a steady rate the p99 they add (S-QUERY's
+    figure)."""
+    lines = []
+    for workers in sorted({r["workers"] for r in runs}):
+        drains = {r.get("snapshots", "default"): r for r in runs if r["workers"] == workers}
+        if {"default", "off"} <= drains.keys():
+            on, off = drains["default"]["tps"], drains["off"]["tps"]
+            lines.append(
+                f"- {workers} worker(s): snapshots cost {1 - on / off:.0%} of throughput "
+                f"({on:,.0f} against {off:,.0f} transfers/s without)."
+            )
+    if steady:
+        lines += [
+            "",
+            f"Steady at {steady[0]['rate']:,} transfers/s for {steady[0]['seconds']:.0f} s "
+            "(half the slowest drain's rate), latency from the input record's timestamp to its "
+            "egress record's, the warm-up left out; the median run by p99:",
+            "",
+            "| configuration | p50 ms | p99 ms | p99.9 ms | p99 of each run, ms |",
+            "|---|---|---|---|---|",
+        ]
+        for r in steady:
+            ms, each = r["latency_ms"], ", ".join(f"{p:.0f}" for p in r.get("p99_runs", []))
+            lines.append(
+                f"| {_cluster(r)} | {ms['p50']:.0f} | {ms['p99']:.0f} | {ms['p99.9']:.0f} "
+                f"| {each} |"
+            )
+        lines.append("")
+        for workers in sorted({r["workers"] for r in steady}):
+            at = {r.get("snapshots", "default"): r for r in steady if r["workers"] == workers}
+            if {"default", "off"} <= at.keys():
+                added = at["default"]["latency_ms"]["p99"] - at["off"]["latency_ms"]["p99"]
+                lines.append(
+                    f"- {workers} worker(s): snapshots add {added:+.0f} ms at p99 "
+                    f"(against {S_QUERY_SNAPSHOTS.removeprefix('S-QUERY: ')[:-1]}; "
+                    "a run this short has too few transfers for p99.99)."
+                )
+    return [*lines, ""] if lines else []
 
 
 # --- the long run -----------------------------------------------------------------------------
@@ -262,9 +315,9 @@ def _snapshots(result: dict[str, Any], cores: int) -> list[str]:
     return [
         *lines,
         "",
-        f"**Anchor:** {S_QUERY_SNAPSHOTS} Measured here instead: a snapshot's own time and size, "
-        "not its effect on latency (`python -m bench.bank --snapshots off 1000 --rate half` "
-        "measures that, and is not part of this run).",
+        f"**Anchor:** {S_QUERY_SNAPSHOTS} Measured here: a snapshot's own time and size; their "
+        "cost to throughput and to p99 latency is in the bank's section (the default cluster "
+        "against snapshots off, drained and at a steady rate).",
         "",
     ]
 

@@ -285,11 +285,11 @@ def test_queries_show_each_level_and_keys_idle_and_loaded_and_the_engine_beside_
     assert "bench/plots" not in queries
 
 
-def test_snapshots_show_time_and_size_and_say_what_they_measure_instead_of_s_query() -> None:
+def test_snapshots_show_time_and_size_and_point_to_the_banks_cost_beside_s_query() -> None:
     snapshots = _section(_measures_text(_measure("snapshots", SNAPSHOTS)), "snapshots")
     assert "| 1,000,000 | 1% | 0.042 | 0.318 | 1.234 | 0.4 | 69.8 | 23.10 / 5.36 |" in snapshots
     assert "medians of 3" in snapshots
-    assert "**5 ms**" in snapshots and "Measured here instead" in snapshots
+    assert "**5 ms**" in snapshots and "in the bank's section" in snapshots
 
 
 def test_restart_shows_each_step_from_the_kill_beside_styx() -> None:
@@ -371,3 +371,34 @@ def test_the_plots_are_copied_beside_it_and_only_those_copied_are_shown(tmp_path
     assert ycsbt.index("| 1 | 1 | **3,000** |") < ycsbt.index("ycsbt-latency.png")
     assert "![ycsbt](bench/plots/ycsbt.png)" in ycsbt
     assert "bench/plots" not in gs  # its PNG is not there: no broken image
+
+
+def _steady(workers: int, snapshots: str, p99: float) -> dict[str, Any]:
+    latency = {"p50": p99 / 4, "p99": p99, "p99.9": p99 * 2, "max": p99 * 3}
+    return {
+        "workers": workers,
+        "snapshots": snapshots,
+        "rate": 12_500,
+        "seconds": 30.0,
+        "latency_ms": latency,
+        "p99_runs": [p99, p99 + 1],
+    }
+
+
+def test_the_bank_sets_snapshots_against_none_in_throughput_and_p99_beside_s_query() -> None:
+    """With each worker count drained and fed steadily with snapshots on (the default) and off,
+    the section says what they cost: the share of throughput and the p99 they add."""
+    off = [{**r, "snapshots": "off", "tps": r["tps"] * 1.25} for r in BANK["results"]]
+    steady = [_steady(1, "default", 40.0), _steady(1, "off", 31.0), _steady(2, "default", 60.0)]
+    result = {**BANK, "accounts": 10_000, "results": [*BANK["results"], *off], "steady": steady}
+    text = _measures_text(_measure("bank", result))
+    bank = _section(text, "bank (TSpoon's transfers, on the example's 10,000 accounts)")
+    assert "200,000 transfers over 10,000 accounts" in bank
+    assert "| epochal, 1 worker(s), snapshots off | 37,500 |" in bank
+    assert "- 1 worker(s): snapshots cost 20% of throughput (30,000 against 37,500" in bank
+    assert "- 2 worker(s): snapshots cost 20% of throughput" in bank
+    assert "Steady at 12,500 transfers/s for 30 s" in bank
+    assert "| epochal, 1 worker(s), snapshots off | 8 | 31 | 62 | 31, 32 |" in bank
+    assert "- 1 worker(s): snapshots add +9 ms at p99 (against snapshots add **5 ms**" in bank
+    assert "2 worker(s): snapshots add" not in bank  # no steady run without them to set against
+    assert "5.0x on 1 worker(s), 6.0x on 2 worker(s), against TSpoon's 7x" in bank  # defaults

@@ -21,7 +21,11 @@ FACTS = {"cpus": 2}
 
 def test_a_full_run_plans_each_benchmark_with_the_flags_of_its_anchor() -> None:
     assert [(name, " ".join(argv)) for name, argv in cli.measures()] == [
-        ("bank", "--accounts 10000 --transfers 200000 --workers 1 2 --repeats 3"),
+        (
+            "bank",
+            "--accounts 10000 --transfers 200000 --workers 1 2 --repeats 3 "
+            "--snapshots default off --rate half",
+        ),
         ("long", "--transfers 10000000 --workers 2"),
         ("queries", ""),
         ("snapshots", ""),
