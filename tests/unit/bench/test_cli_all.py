@@ -126,7 +126,7 @@ def test_a_sweep_runs_each_point_once_on_a_smaller_backlog_with_the_plain_baseli
     sweep = cli._sweep(points, field, argparse.Namespace(**vars(args), out=tmp_path))
     (used,) = seen
     assert (used.transactions, used.repeats, used.rate, used.anchor_rates) == (
-        50_000,
+        cli.SWEEP_TRANSACTIONS,
         1,
         None,
         False,
