@@ -37,7 +37,7 @@ from epochal.recovery.spark_recovery import (
 )
 from epochal.schemas.commands import EpochRecord
 from epochal.schemas.snapshots import Manifest
-from tests.integration.cluster import Cluster, app_named
+from tests.integration.cluster import Cluster, app_named, wait_until
 from tests.unit.actors.workload import app as workload_app
 
 pytestmark = pytest.mark.integration
@@ -114,6 +114,8 @@ def test_the_spark_snapshot_equals_in_engine_replay_and_oracle_and_a_cluster_res
     cluster.wait_for_egress()
     cluster.produce(700)
     cluster.wait_for_egress()
+    # the snapshot process commits off the epoch loop: on a busy machine, after the egress
+    wait_until(lambda: bool(cluster.snapshots().manifests()), 30, "no snapshot committed")
     cluster.processes[-1].kill()  # no savepoint: the log after the first snapshot stays to replay
     cluster.processes[-1].wait()
     (first,) = cluster.snapshots().manifests()
