@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.report import pyplot
+from bench.report import pyplot, save_figure
 
 __all__ = ["plot_curve", "search_rows", "search_table", "steady_rows", "steady_table"]
 
@@ -158,9 +158,7 @@ def plot_curve(path: Path, runs: Sequence[dict[str, Any]], title: str) -> bool:
     ax.set_ylabel("latency ms, input to egress")
     ax.set_title(f"{title}: latency against offered rate")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(plt, fig, path)
     return True
 
 

@@ -48,7 +48,7 @@ from rich.progress import Progress
 from bench.bank import Drained, drain
 from bench.drain import ROOT
 from bench.processes import Setup, rollbacks_logged
-from bench.report import machine, write_result
+from bench.report import machine, pyplot, save_figure, write_result
 from epochal.actors.api import named
 from epochal.config import CacheConfig, LocalBrokerConfig, SnapshotConfig, cache_dir_from_env
 from epochal.jvm import JarSet, fetch_jars
@@ -204,13 +204,8 @@ def conservation(drained: Drained, accounts: int) -> dict[str, Any]:
 
 def plot(path: Path, series: Sequence[dict[str, Any]], warm_from: int) -> bool:
     """RSS against transfers drained, a line per role, as a PNG; False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("no matplotlib: no PNG (pip install matplotlib)", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for role in sorted({role for s in series for role in s["rss_mb"]}):
@@ -221,9 +216,7 @@ def plot(path: Path, series: Sequence[dict[str, Any]], warm_from: int) -> bool:
     ax.set_ylabel("RSS MB")
     ax.set_title("long run: memory of each process against the transfers drained")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # off the lines
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(plt, fig, path)
     return True
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "plot_bars",
     "pyplot",
     "rate",
+    "save_figure",
     "slug",
     "timed",
     "write_result",
@@ -113,6 +114,13 @@ def pyplot() -> ModuleType | None:
     return plt
 
 
+def save_figure(plt: ModuleType, fig: Any, path: Path) -> None:
+    """Write ``fig`` as a PNG at ``path`` and free it (a long run draws many)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def plot_bars(path: Path, panels: list[tuple[str, str, dict[str, float]]]) -> bool:
     """One bar chart per panel ``(title, y label, {bar label: value})``, side by side, as a
     PNG; False (and a note) without matplotlib."""
@@ -128,9 +136,7 @@ def plot_bars(path: Path, panels: list[tuple[str, str, dict[str, float]]]) -> bo
         for i, value in enumerate(bars.values()):
             text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
             ax.annotate(text, (i, value), ha="center", va="bottom", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(plt, fig, path)
     return True
 
 

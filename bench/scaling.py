@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.report import cell, measured, pyplot, slug
+from bench.report import cell, measured, pyplot, save_figure, slug
 
 __all__ = ["plot", "section", "summary"]
 
@@ -102,7 +102,5 @@ def plot(path: Path, scaling: dict[str, Any]) -> bool:
     ax.set_yscale("log")  # the baselines run several times faster: every line readable
     ax.set_title("Scaling: drain throughput against workers")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(plt, fig, path)
     return True

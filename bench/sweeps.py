@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.report import cell, measured, pyplot, slug
+from bench.report import cell, measured, pyplot, save_figure, slug
 from epochal.config import ClusterConfig
 
 __all__ = ["SWEPT", "plot_lines", "section", "summary"]
@@ -116,7 +116,5 @@ def plot_lines(path: Path, sweep: dict[str, Any]) -> bool:
     ax.set_yscale("log")  # the baselines run several times faster: every line readable
     ax.set_title(f"{sweep['workload']}: throughput against {axis}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(plt, fig, path)
     return True
