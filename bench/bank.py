@@ -54,7 +54,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -81,11 +80,10 @@ from bench.processes import (
     end_offset,
 )
 from bench.report import plot_bars
+from bench.scratch import broker_unless, cleans_up
 from bench.workloads.base import Record
-from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, cache_dir_from_env
-from epochal.jvm import JarSet, fetch_jars
+from epochal.config import KafkaConfig
 from epochal.log.client import KafkaClients
-from epochal.log.local_broker import LocalBroker
 from examples.bank.producer import Deposit, Transfer, events
 
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -483,32 +481,20 @@ def _run_all(args: argparse.Namespace, bootstrap: str, setups: list[Setup]) -> d
     return report
 
 
+@cleans_up
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     _check_args(parser, args)
-    broker = None
-    bootstrap = args.bootstrap
-    if bootstrap is None:
-        cache = CacheConfig(cache_dir_from_env())
-        jars = fetch_jars(cache, JarSet.KAFKA_BROKER)
-        broker = LocalBroker(
-            LocalBrokerConfig(port=args.port, data_dir=Path(tempfile.mkdtemp()), jar_dir=jars)
-        )
-        broker.start()
-        bootstrap = broker.config.bootstrap
-        args.broker_pid = broker.status().pid
     setups = [
         Setup(c.resolve(), w, s)
         for c in args.checkouts
         for w in args.workers
         for s in args.snapshots
     ]
-    try:
-        report = _run_all(args, bootstrap, setups)
-    finally:
-        if broker is not None:
-            broker.stop()
+    with broker_unless(args.bootstrap, args.port) as broker:
+        args.broker_pid = broker.pid
+        report = _run_all(args, broker.bootstrap, setups)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {

@@ -60,15 +60,14 @@ from bench.client_ordered import client_ordered
 from bench.drain import ROOT, CheckFailed, drain_baseline, drain_cluster
 from bench.processes import Setup
 from bench.report import machine, plot_bars, rate, slug, timed, write_result
+from bench.scratch import broker_unless, cleans_up
 from bench.steady import search_sustainable, steady_run
 from bench.workloads import WORKLOADS
 from bench.workloads.base import Workload
 from bench.workloads.leaderboard import Leaderboard
 from bench.workloads.tstream import GrepSum, StreamingLedger
 from bench.workloads.ycsbt import YcsbT
-from epochal.config import CacheConfig, ClusterConfig, LocalBrokerConfig, cache_dir_from_env
-from epochal.jvm import JarSet, fetch_jars
-from epochal.log.local_broker import LocalBroker
+from epochal.config import ClusterConfig
 
 __all__ = ["Point", "main"]
 
@@ -459,6 +458,7 @@ def _save(report: dict[str, Any], out: Path) -> None:
     console.print(f"results in {path}" + "".join(f" and {png}" for png in pngs))
 
 
+@cleans_up
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     names = sorted([*WORKLOADS, *OWN_FLAGS, "all"])
@@ -559,25 +559,14 @@ def _run(
 
 def _run_workloads(points: list[Point], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Each point's report, drained on one broker (a local one unless ``--bootstrap``)."""
-    broker, bootstrap, broker_pid = None, args.bootstrap, None
-    if bootstrap is None:
-        jars = fetch_jars(CacheConfig(cache_dir_from_env()), JarSet.KAFKA_BROKER)
-        broker = LocalBroker(
-            LocalBrokerConfig(port=args.port, data_dir=Path(tempfile.mkdtemp()), jar_dir=jars)
-        )
-        broker.start()
-        bootstrap, broker_pid = broker.config.bootstrap, broker.status().pid
     facts = machine(ROOT)
     reports = []
-    try:
+    with broker_unless(args.bootstrap, args.port) as broker:
         for point in points:
-            report = {**run_workload(point, args, bootstrap, broker_pid), "machine": facts}
+            report = {**run_workload(point, args, *broker), "machine": facts}
             _print(report)
             _save(report, args.out)
             reports.append(report)
-    finally:
-        if broker is not None:
-            broker.stop()
     return reports
 
 

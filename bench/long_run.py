@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,10 +47,9 @@ from bench.bank import Drained, drain
 from bench.drain import ROOT
 from bench.processes import Setup, rollbacks_logged
 from bench.report import machine, pyplot, save_figure, write_result
+from bench.scratch import broker_unless, cleans_up
 from epochal.actors.api import named
-from epochal.config import CacheConfig, LocalBrokerConfig, SnapshotConfig, cache_dir_from_env
-from epochal.jvm import JarSet, fetch_jars
-from epochal.log.local_broker import LocalBroker
+from epochal.config import SnapshotConfig
 from epochal.recovery.snapshots import DeltaSnapshots
 from epochal.schemas.canonical import decode_canonical
 from examples.bank.app import Account, app
@@ -325,6 +322,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@cleans_up
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -332,19 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         args.transfers, args.every = QUICK_TRANSFERS, 0.2
     if not 2 <= args.accounts <= 10_000 or args.transfers <= 0 or not 0 <= args.warmup < 1:
         parser.error("--accounts takes 2 to 10,000, --transfers more than 0, --warmup [0, 1)")
-    broker, bootstrap, broker_pid = None, args.bootstrap, None
-    data = Path(tempfile.mkdtemp(prefix="epochal-long-broker-"))
-    if bootstrap is None:
-        jars = fetch_jars(CacheConfig(cache_dir_from_env()), JarSet.KAFKA_BROKER)
-        broker = LocalBroker(LocalBrokerConfig(port=args.port, data_dir=data, jar_dir=jars))
-        broker.start()
-        bootstrap, broker_pid = broker.config.bootstrap, broker.status().pid
-    try:
-        report = {**run(args, bootstrap, broker_pid), "machine": machine(ROOT)}
-    finally:
-        if broker is not None:
-            broker.stop()
-        shutil.rmtree(data, ignore_errors=True)  # 10M transfers leave gigabytes of log
+    with broker_unless(args.bootstrap, args.port) as broker:  # 10M transfers: gigabytes of log
+        report = {**run(args, *broker), "machine": machine(ROOT)}
     _print(report)
     stem = args.out / f"long-{time.strftime('%Y%m%d-%H%M%S')}"
     stem.parent.mkdir(parents=True, exist_ok=True)

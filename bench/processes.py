@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ from typing import Any, Self
 from confluent_kafka import TopicPartition
 from rich.progress import Progress
 
+from bench.scratch import scratch_dir
 from epochal.log.client import KafkaClients, arrived
 
 __all__ = [
@@ -305,7 +305,7 @@ class MeasuredProcess:
 
     def __init__(self, cwd: Path) -> None:
         self.cwd = cwd
-        self.run_dir = Path(tempfile.mkdtemp(prefix="epochal-bench-"))
+        self.run_dir = scratch_dir("run-")
         self.process: subprocess.Popen[bytes] | None = None
         self.started = 0.0
 

@@ -40,7 +40,6 @@ import platform
 import queue
 import shutil
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -60,16 +59,12 @@ from bench.bank import (
 from bench.open_loop import EgressWatcher, feed_at_rate, percentiles
 from bench.processes import ClusterProcess, Setup, cpu_s
 from bench.query_load import LEVELS, Cell, CellResult, Target, client_process
+from bench.scratch import broker_unless, cleans_up
 from epochal.config import (
-    CacheConfig,
     KafkaConfig,
-    LocalBrokerConfig,
     SnapshotConfig,
-    cache_dir_from_env,
 )
-from epochal.jvm import JarSet, fetch_jars
 from epochal.log.client import KafkaClients
-from epochal.log.local_broker import LocalBroker
 from epochal.recovery.snapshot_reads import SnapshotReader
 from examples.bank.producer import events
 
@@ -568,23 +563,17 @@ def _run(args: argparse.Namespace, bootstrap: str, query: Cell | None) -> dict[s
     return report | steady(args, bootstrap, index, rate)
 
 
+@cleans_up
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.transfers <= 0 and args.load_rate is None:
         parser.error("without peak runs (--transfers 0), give --load-rate")
     query = _drain_query(parser, args)
-    jars = fetch_jars(CacheConfig(cache_dir_from_env()), JarSet.KAFKA_BROKER)
-    data_dir = Path(tempfile.mkdtemp(prefix="epochal-bench-queries-"))
-    broker = LocalBroker(LocalBrokerConfig(port=args.port, data_dir=data_dir, jar_dir=jars))
-    broker.start()
     started = time.monotonic()
-    try:
-        args.broker_pid = broker.status().pid or 0
-        report = _run(args, broker.config.bootstrap, query)
-    finally:
-        broker.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
+    with broker_unless(None, args.port) as broker:
+        args.broker_pid = broker.pid or 0
+        report = _run(args, broker.bootstrap, query)
     args_json = {k: v for k, v in vars(args).items() if k != "broker_pid"}
     report = {"bench": "queries", "machine": platform.node(), "cpus": os.cpu_count(),
               "note": NOTE, "args": args_json, "minutes": (time.monotonic() - started) / 60,

@@ -29,7 +29,6 @@ import random
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -40,6 +39,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+from bench.scratch import broker_unless, cleans_up, scratch_dir
 from epochal.actors.api import App
 from epochal.actors.context import Context
 from epochal.actors.engine import Engine
@@ -47,7 +47,6 @@ from epochal.actors.snapshots import with_log_position
 from epochal.config import (
     CacheConfig,
     KafkaConfig,
-    LocalBrokerConfig,
     SnapshotConfig,
     SparkConfig,
     cache_dir_from_env,
@@ -55,7 +54,6 @@ from epochal.config import (
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.client import FOREVER, KafkaClients
 from epochal.log.command_log import DEFAULT_CHUNK_BYTES, KafkaCommandLog, chunk_epoch
-from epochal.log.local_broker import LocalBroker
 from epochal.log.ordering import EpochStamp, order
 from epochal.recovery.replay import replay_command_log
 from epochal.recovery.snapshots import DeltaSnapshots
@@ -358,6 +356,7 @@ def _report(results: list[dict[str, Any]], args: argparse.Namespace) -> int:
     return 0 if agree else 1
 
 
+@cleans_up
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transactions", type=int, default=1_000_000)
@@ -371,17 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     cache = CacheConfig(cache_dir_from_env())
-    jars = fetch_jars(cache, JarSet.KAFKA_BROKER)
     fetch_jars(cache, JarSet.SPARK)
-    work = Path(tempfile.mkdtemp(prefix="epochal-bench-recover-"))
-    broker = LocalBroker(LocalBrokerConfig(port=args.port, data_dir=work / "kafka", jar_dir=jars))
-    broker.start()
-    kafka = KafkaConfig(broker.config.bootstrap)
-    clients = KafkaClients(kafka)
+    work = scratch_dir("recover-")
     # the app as executors import it (bench.recover, not __main__: the code hash names modules)
     workload = importlib.import_module(APP_SPEC.partition(":")[0])
     named = dataclasses.replace(workload.app, name=f"recover{int(time.time())}")
-    try:
+    with broker_unless(None, args.port) as broker:
+        kafka = KafkaConfig(broker.bootstrap)
+        clients = KafkaClients(kafka)
         with console.status(f"writing a command log of {args.transactions:,} transactions"):
             records = branch_log(named, args.transactions, args.accounts, args.branches,
                                  per_epoch=args.per_epoch)  # fmt: skip
@@ -398,9 +394,6 @@ def main(argv: list[str] | None = None) -> int:
             runs = _spark_runs(master, cache, named, kafka, warehouse=warehouse,
                                repeats=args.repeats, work=work)  # fmt: skip
             results.append(_summary(f"Spark {master}", runs, args.transactions))
-    finally:
-        broker.stop()
-        shutil.rmtree(work, ignore_errors=True)
     return _report(results, args)
 
 

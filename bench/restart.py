@@ -35,7 +35,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -56,10 +55,9 @@ from bench.bank import (
 from bench.open_loop import EgressWatcher, feed_at_rate
 from bench.processes import count_egress
 from bench.report import plot_bars
-from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, cache_dir_from_env
-from epochal.jvm import JarSet, fetch_jars
+from bench.scratch import broker_unless, cleans_up, scratch_dir
+from epochal.config import KafkaConfig
 from epochal.log.client import KafkaClients
-from epochal.log.local_broker import LocalBroker
 from examples.bank.producer import events
 
 console = Console(width=None if sys.stdout.isatty() else 140)
@@ -80,7 +78,7 @@ class Run:
     workers: int
     port: int  # metrics on port + w (sequencer port + workers), worker ports from port + 10
     snapshot_ms: int
-    run_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="epochal-bench-")))
+    run_dir: Path = field(default_factory=lambda: scratch_dir("restart-"))
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -358,6 +356,7 @@ def _panels(report: dict[str, Any]) -> list[tuple[str, str, dict[str, float]]]:
     return panels  # fmt: skip
 
 
+@cleans_up
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", nargs="+", choices=["restart", "kill"],
@@ -378,27 +377,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", help="an existing broker (default: a local one)")
     parser.add_argument("--out", default="bench/results", help="where the JSON and PNG go")
     args = parser.parse_args(argv)
-    broker = None
-    bootstrap = args.bootstrap
-    if bootstrap is None:
-        jars = fetch_jars(CacheConfig(cache_dir_from_env()), JarSet.KAFKA_BROKER)
-        broker = LocalBroker(
-            LocalBrokerConfig(port=args.port, data_dir=Path(tempfile.mkdtemp()), jar_dir=jars)
-        )
-        broker.start()
-        bootstrap = broker.config.bootstrap
     report: dict[str, Any] = {"bench": "restart", "machine": platform.node(),
                               "snapshot_ms": args.snapshot_ms, "repeats": args.repeats,
                               "workers": args.workers, "restart": [], "kill": None}  # fmt: skip
-    try:
+    with broker_unless(args.bootstrap, args.port) as broker:
         if "restart" in args.parts:
             for size in args.sizes:
-                report["restart"].append(restart_after(bootstrap, size, args, args.ports))
+                report["restart"].append(restart_after(broker.bootstrap, size, args, args.ports))
         if "kill" in args.parts:
-            report["kill"] = kill_runs(bootstrap, args, args.ports)
-    finally:
-        if broker is not None:
-            broker.stop()
+            report["kill"] = kill_runs(broker.bootstrap, args, args.ports)
     _print(report)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

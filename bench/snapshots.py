@@ -27,7 +27,6 @@ import random
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,6 +37,7 @@ from deltalake import DeltaTable
 from rich.console import Console
 from rich.table import Table
 
+from bench.scratch import cleans_up, scratch_dir
 from epochal.actors.store import Change
 from epochal.config import SnapshotConfig
 from epochal.recovery.snapshots import DeltaSnapshots
@@ -253,6 +253,7 @@ def _plot(results: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
+@cleans_up
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--actors", type=int, nargs="+", default=[100_000, 1_000_000])
@@ -261,14 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="snapshots measured (median)")
     parser.add_argument("--out", default="bench/results", help="where the JSON and PNG go")
     args = parser.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="epochal-bench-snapshots-"))
+    root = scratch_dir("snapshots-")
     results = []
-    try:
-        for actors in args.actors:
-            for changed in args.changed:
-                results.append(run_configuration(actors, changed, args.repeats, root))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    for actors in args.actors:
+        for changed in args.changed:
+            results.append(run_configuration(actors, changed, args.repeats, root))
     _print(results)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

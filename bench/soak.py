@@ -16,7 +16,6 @@ import json
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -29,10 +28,9 @@ from rich.table import Table
 
 from bench.bank import ROOT
 from bench.processes import RssSampler
-from epochal.config import CacheConfig, KafkaConfig, LocalBrokerConfig, cache_dir_from_env
-from epochal.jvm import JarSet, fetch_jars
+from bench.scratch import broker_unless, cleans_up, scratch_dir
+from epochal.config import KafkaConfig
 from epochal.log.client import KafkaClients
-from epochal.log.local_broker import LocalBroker
 from examples.bank.producer import Transfer, events
 
 console = Console()
@@ -94,7 +92,7 @@ def _soak(args: argparse.Namespace, bootstrap: str) -> None:
     name = f"soak{uuid.uuid4().hex[:6]}"
     clients = KafkaClients(KafkaConfig(bootstrap))
     clients.create_topics([f"{name}.in.transfers", f"{name}.out.receipts", f"{name}.out.errors"])
-    run_dir = Path(tempfile.mkdtemp(prefix="epochal-soak-"))
+    run_dir = scratch_dir("soak-")
     command = [
         sys.executable, "-m", "epochal.cli", "run", "examples.bank.app:app", "--name", name,
         "--bootstrap", bootstrap, "--workers", str(args.workers),
@@ -118,6 +116,7 @@ def _soak(args: argparse.Namespace, bootstrap: str) -> None:
     _report(args, sampler, sent, out)
 
 
+@cleans_up
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=600)
@@ -129,18 +128,8 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=19892, help="port of the local broker")
     parser.add_argument("--out", default="bench/results", help="where the JSON goes")
     args = parser.parse_args()
-    if args.bootstrap:
-        _soak(args, args.bootstrap)
-        return 0
-    jars = fetch_jars(CacheConfig(cache_dir_from_env()), JarSet.KAFKA_BROKER)
-    broker = LocalBroker(
-        LocalBrokerConfig(port=args.port, data_dir=Path(tempfile.mkdtemp()), jar_dir=jars)
-    )
-    broker.start()
-    try:
-        _soak(args, broker.config.bootstrap)
-    finally:
-        broker.stop()
+    with broker_unless(args.bootstrap, args.port) as broker:
+        _soak(args, broker.bootstrap)
     return 0
 
 
