@@ -160,17 +160,22 @@ def describe(role: str, judged: dict[str, Any], bound_mb: float) -> str:
 
 
 def _series(drained: Drained, last: float) -> list[dict[str, Any]]:
-    """The sampler's RSS samples up to the last egress record, each with the transfers out."""
+    """The sampler's RSS samples, each with the transfers out, up to the first one at or after
+    the last egress record (so the series ends with every transfer out, even when a short drain
+    fits between two samples)."""
     sampler = drained.cluster.sampler
-    return [
-        {
-            "seconds": round(t, 2),
-            "transfers": drained_at(drained.timeline, sampler.began + t),
-            "rss_mb": {role: round(mb, 1) for role, mb in sorted(sample.items())},
-        }
-        for t, sample in sampler.series
-        if sampler.began + t <= last
-    ]
+    series = []
+    for t, sample in sampler.series:
+        series.append(
+            {
+                "seconds": round(t, 2),
+                "transfers": drained_at(drained.timeline, sampler.began + t),
+                "rss_mb": {role: round(mb, 1) for role, mb in sorted(sample.items())},
+            }
+        )
+        if sampler.began + t >= last:
+            break
+    return series
 
 
 def conservation(drained: Drained, accounts: int) -> dict[str, Any]:

@@ -85,16 +85,17 @@ class Broker(NamedTuple):
 @contextlib.contextmanager
 def broker_unless(bootstrap: str | None, port: int) -> Iterator[Broker]:
     """``bootstrap`` if given, else a local broker on ``port`` for as long as the block runs,
-    its data in a scratch folder."""
+    its data in a scratch folder (removed as soon as the block ends well: a full run's later
+    benchmarks need not share the disk with it)."""
     if bootstrap is not None:
         yield Broker(bootstrap, None)
         return
     jars = fetch_jars(CacheConfig(cache_dir_from_env()), JarSet.KAFKA_BROKER)
-    broker = LocalBroker(
-        LocalBrokerConfig(port=port, data_dir=scratch_dir("broker-"), jar_dir=jars)
-    )
+    data = scratch_dir("broker-")
+    broker = LocalBroker(LocalBrokerConfig(port=port, data_dir=data, jar_dir=jars))
     broker.start()
     try:
         yield Broker(broker.config.bootstrap, broker.status().pid)
     finally:
         broker.stop()
+    shutil.rmtree(data, ignore_errors=True)  # gigabytes of log that nothing reads once it stops
