@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from bench import scratch
 from bench.scratch import cleans_up, scratch_dir
 
 
 @pytest.fixture(autouse=True)
 def _temp_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Temporary folders in ``tmp_path``, and no folder left from another test's runs."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(scratch, "_SCRATCH", scratch._Scratch())
 
 
 def test_a_main_that_ends_well_leaves_nothing_and_nested_mains_share_the_folder(
