@@ -4,6 +4,7 @@ egress record once, outcomes as the serial oracle says."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -81,6 +82,8 @@ class Cluster:
         metrics_port: int = 0,
         snapshot_ms: int = 1000,
         extra: Sequence[str] = (),
+        *,
+        failure_timeout_ms: int = BOUND_MS,
     ) -> int:
         """Starts a run and waits for its processes; returns the workers' port base.
 
@@ -102,7 +105,7 @@ class Cluster:
             "--bootstrap", self.kafka.config.bootstrap_servers, *layout,
             "--port-base", str(port_base),
             "--run-dir", str(self.run_dir), "--metrics-port", str(metrics_port),
-            "--epoch-ms", "20", "--failure-timeout-ms", str(BOUND_MS),
+            "--epoch-ms", "20", "--failure-timeout-ms", str(failure_timeout_ms),
             "--startup-timeout-ms", "20000", "--warehouse", str(self.warehouse),
             *(["--snapshot-interval-ms", str(snapshot_ms)] if snapshot_ms else ["--no-snapshots"]),
             "--keep-snapshots", "0",  # keep the whole logs: the oracle checks read from offset 0
@@ -245,6 +248,19 @@ class Cluster:
         after = log.epochs(latest.command_log_position, to_end=True)
         return [*snapshots.archived_epochs(latest), *(e.record for e in after)]
 
+    def _offsets_wrong(self, seen: list[int], egressed: int) -> str:
+        """Which input offsets were sequenced other than once, with the log's last lines."""
+        counts = collections.Counter(seen)
+        missing = [o for o in range(self.produced) if o not in counts]
+        doubled = sorted(o for o, n in counts.items() if n > 1)
+        foreign = sorted(o for o in counts if not 0 <= o < self.produced)
+        tail = "\n".join(self.log().splitlines()[-150:])
+        return (
+            f"of {self.produced} inputs, {len(missing)} never sequenced {missing[:20]}, "
+            f"{len(doubled)} more than once {doubled[:20]}, {len(foreign)} never produced "
+            f"{foreign[:20]}; {egressed} of {self.transfers} egress records\n{tail}"
+        )
+
     def check_against_the_oracle(self) -> list[EgressRecord]:
         """Each input sequenced once (or a dead letter), timestamps unique and increasing, each
         egress record once, saying which input it is about, with the serial oracle's outcome."""
@@ -252,9 +268,8 @@ class Cluster:
         epochs = self.epochs()
         border = [t for e in epochs for t in e.txns if t.source and t.source.topic.endswith(".ops")]
         dead = [d.offset for d in self.dead_letters() if d.topic.endswith(".ops")]
-        assert sorted([t.source.offset for t in border if t.source] + dead) == list(
-            range(self.produced)
-        )
+        seen = sorted([t.source.offset for t in border if t.source] + dead)
+        assert seen == list(range(self.produced)), self._offsets_wrong(seen, len(egress))
         stamps = [(e.epoch, t.seq) for e in epochs for t in e.txns]
         assert stamps == sorted(set(stamps))
         egressed = [(r.epoch, r.seq) for r in egress]
