@@ -83,6 +83,11 @@ class _Retain(msgspec.Struct, tag="retain", frozen=True):
 
 _Call = _Write | _EnsureTables | _Commit | _Retain
 _OK, _RAISED = b"\x00", b"\x01"
+NICENESS = 10
+"""How much less CPU the process claims than the epoch loops when the cores are busy: a commit
+(delta-rs merges on a thread per core) would otherwise take both cores from the workers and the
+broker for its length, and every transaction in flight would wait. Once they idle it runs at
+full speed; under a sustained overload its snapshots lag (``epochal_snapshot_lag_epochs``)."""
 
 
 def snapshots_beside(snapshots: Snapshots, title: str) -> Snapshots:
@@ -222,6 +227,7 @@ def _serve(snapshots: Snapshots, lanes: list[Connection], parent: int, title: st
     code = 0
     try:
         die_with_parent(parent)
+        os.nice(NICENESS)  # before any thread starts: each inherits it
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         set_title(title)
