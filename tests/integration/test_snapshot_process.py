@@ -68,6 +68,7 @@ def _snapshot_all(warehouse: str, answer: Connection) -> None:
             digests[manifest.ssid] = manifest.digest
     restored = forked.restore()
     title = process_title(forked.pid)
+    niceness = (os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, forked.pid))
     os.kill(forked.pid, signal.SIGINT)  # a Ctrl-C reaches the worker's whole process group
     os.kill(forked.pid, signal.SIGTERM)
     time.sleep(0.2)
@@ -84,6 +85,7 @@ def _snapshot_all(warehouse: str, answer: Connection) -> None:
             "digests": digests,
             "restored": restored.manifest.ssid if restored else None,
             "title": title,
+            "niceness": niceness,
             "raised": raised,
             "closed": process_title(pid),
         }
@@ -131,6 +133,7 @@ def test_snapshots_through_the_process_equal_the_oracle_and_its_errors_come_back
     tmp_path: Path,
 ) -> None:
     from epochal.actors.oracle import SerialOracle
+    from epochal.actors.snapshot_process import NICENESS
     from tests.unit.actors.workload import app
 
     records = _log()
@@ -142,6 +145,8 @@ def test_snapshots_through_the_process_equal_the_oracle_and_its_errors_come_back
     assert all(digest == expected[ssid] for ssid, digest in seen["digests"].items())
     assert seen["restored"] == 11
     assert seen["title"] == _TITLE  # and it took no notice of SIGINT and SIGTERM
+    worker, snapshots = seen["niceness"]  # it yields the cores to the epoch loops
+    assert snapshots == min(worker + NICENESS, 19)
     assert "in the snapshot process" in seen["raised"] and "NoSuchActor" in seen["raised"]
     assert seen["closed"] is None  # gone once closed, and reaped
 
