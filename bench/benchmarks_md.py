@@ -126,9 +126,28 @@ def _section(report: dict[str, Any], cores: int, plotted: set[str]) -> list[str]
             f"{anchor:,.0f}: epochal {', '.join(ours)}.",
             "",
         ]
+    lines += _slowdown_line(report)
     if name in plotted:
         lines += [f"![{report['title']}](bench/plots/{name}.png)", ""]
     return lines
+
+
+def _slowdown_line(report: dict[str, Any]) -> list[str]:
+    """What transactions cost against the plain-Python baseline, beside the anchor's cost of
+    them (TSpoon's against Flink without transactions), where the anchor gives one."""
+    anchor = report.get("anchor_slowdown")
+    ours = [
+        f"{1 / r['ratio_to']['plain Python']:.1f}x on {r['workers']} worker(s)"
+        for r in report["results"]
+        if timed(r) and r.get("ratio_to", {}).get("plain Python")
+    ]
+    if not anchor or not ours:
+        return []
+    return [
+        f"Slowdown for transactions (plain Python's rate / epochal's): {', '.join(ours)}, "
+        f"against the anchor's {anchor:g}x.",
+        "",
+    ]
 
 
 def client_ordered_line(report: dict[str, Any]) -> str:

@@ -273,6 +273,7 @@ def run_workload(
         "description": workload.summary,
         "anchor": workload.anchor,
         "anchor_per_core": workload.anchor_per_core(),
+        "anchor_slowdown": workload.anchor_slowdown,
         "transactions": args.transactions,
         "repeats": args.repeats,
         "results": results,
@@ -637,10 +638,10 @@ def _save_scaling(reports: list[dict[str, Any]], out: Path) -> list[dict[str, An
 def measures() -> list[tuple[str, list[str]]]:
     """The benchmarks with flags of their own that a full ``all`` runs after the workloads
     (each on a broker of its own, so after the workloads' has stopped), with the flags of the
-    figures they are compared with: the bank on all 10,000 accounts of its example (TSpoon's
-    were 100,000), with snapshots and without, drained and at half its rate (S-QUERY's cost of
-    snapshots to latency); 10M transfers on 2
-    workers for the long run (two workers and their snapshot processes: every role a cluster
+    figures they are compared with: the bank on all 10,000 accounts of its example
+    (TSpoon's 100,000 are the ``tspoon-bank`` workload's), with snapshots and without, drained
+    and at half its rate (S-QUERY's cost of snapshots to latency); 10M transfers on 2 workers
+    for the long run (two workers and their snapshot processes: every role a cluster
     has, twice; about a minute to produce, 6 to 11 to drain at 15,000-30,000/s); a
     1M-transaction log replayed once (about 5 minutes on 2 cores)."""
     return [

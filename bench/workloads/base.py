@@ -81,6 +81,7 @@ class Workload:
     summary: ClassVar[str] = ""  # what the workload does, in a sentence or two
     anchor: ClassVar[str] = ""  # the published figure this workload is compared with
     anchor_rate: ClassVar[int | None] = None  # the rate the anchor's latency was measured at
+    anchor_slowdown: ClassVar[float | None] = None  # the anchor's cost of transactions: x slower
 
     def backlog(self, transactions: int, partitions: int, seed: int) -> Backlog:
         raise NotImplementedError

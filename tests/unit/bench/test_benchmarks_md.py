@@ -408,3 +408,13 @@ def test_the_bank_sets_snapshots_against_none_in_throughput_and_p99_beside_s_que
     faster = [{**r, "snapshots": "off", "tps": r["tps"] * 0.8} for r in BANK["results"]]
     noisy = _measures_text(_measure("bank", {**BANK, "results": [*BANK["results"], *faster]}))
     assert "30,000 transfers/s with snapshots, 24,000 without (faster with them: within" in noisy
+
+
+def test_a_workload_with_an_anchor_slowdown_says_its_own_beside_it() -> None:
+    """TSpoon's 7x against Flink without transactions, beside plain Python's rate / epochal's."""
+    report = {**_report("tspoon-bank", 10_000.0, None), "anchor_slowdown": 7.0}
+    text = render([report, _report("ycsbt", 10_000.0, None)], "epochal bench all", set())
+    tspoon, ycsbt = text.split("## tspoon-bank")[1].split("## ycsbt")
+    line = "Slowdown for transactions (plain Python's rate / epochal's): 4.0x on 1 worker(s), "
+    assert f"{line}against the anchor's 7x." in tspoon
+    assert "Slowdown" not in ycsbt

@@ -9,6 +9,7 @@ from collections import Counter
 import msgspec
 import pytest
 
+from bench.workloads import tspoon
 from bench.workloads.base import KeyChooser, Workload
 from bench.workloads.ycsbt import Row, YcsbT
 from epochal.actors.partitioning import KeyRanges
@@ -18,6 +19,8 @@ from epochal.testing import AppTest
 CASES: list[tuple[Workload, type[msgspec.Struct], str]] = [
     (YcsbT(start=1), Row, "value"),
     (YcsbT(zipf=0.99, multi_partition=0.5, start=1), Row, "value"),
+    (tspoon.TSpoonBank(accounts=50), tspoon.Account, "balance"),  # few: overdrafts abort
+    (tspoon.TSpoonBank(), tspoon.Account, "balance"),
 ]
 
 
@@ -119,3 +122,26 @@ def test_a_bound_below_two_partitions_is_refused() -> None:
         choose.distinct(30, False)
     with pytest.raises(ValueError, match="60 distinct keys on 2 partition"):
         choose.distinct(60, True, 2)
+
+
+def test_tspoon_accounts_spread_over_every_partition_and_most_transfers_cross() -> None:
+    app = tspoon.app
+    ranges = KeyRanges.even(app, 4)
+    backlog = tspoon.TSpoonBank(accounts=1_000).backlog(4_000, partitions=4, seed=3)
+    transfers = [msgspec.msgpack.decode(r.value, type=tspoon.Transfer) for r in backlog.records]
+    assert backlog.measured == len(transfers) == 4_000  # no load records: accounts open full
+    homes = Counter(ranges.partition_of(KeyRef("Account", t.source)) for t in transfers)
+    assert sorted(homes) == [0, 1, 2, 3] and min(homes.values()) > 800
+    crossing = sum(
+        ranges.partition_of(KeyRef("Account", t.source))
+        != ranges.partition_of(KeyRef("Account", t.target))
+        for t in transfers
+    )
+    assert 0.7 < crossing / len(transfers) < 0.8  # two uniform accounts: 3/4 on two partitions
+    assert all(t.source != t.target for t in transfers)
+
+
+@pytest.mark.parametrize("accounts", [1, 100_001])
+def test_tspoon_accounts_outside_the_key_space_are_refused(accounts: int) -> None:
+    with pytest.raises(ValueError, match="accounts: 2 to 100,000"):
+        tspoon.TSpoonBank(accounts=accounts)
