@@ -49,10 +49,7 @@ from epochal.actors.plan import ensure_same_code
 from epochal.actors.query_server import QueryServer, describe_query_metrics
 from epochal.actors.snapshot_process import ForkedSnapshots
 from epochal.actors.snapshot_side import SnapshotSide
-from epochal.actors.snapshots import (
-    Snapshots,
-    carried_of,
-)
+from epochal.actors.snapshots import Restored, Snapshots, carried_of
 from epochal.actors.status_report import WorkerReport
 from epochal.actors.transport import Peers
 from epochal.actors.worker_progress import CatchUp, Progress, StartPhases
@@ -165,11 +162,11 @@ class Worker:
                           failure_timeout_s=config.failure_timeout_ms / 1000)  # fmt: skip
         started = time.perf_counter()
         phases = StartPhases()
-        writers, ranges = await self._start_egress(phases)
+        (writers, ranges), (restored, read_s) = await self._egress_and_snapshot(phases)
         engine = Engine(self.app, config.partitions, config.worker, config.workers, peers,
                         track_digest=config.track_digest, snapshots=self.snapshots is not None,
                         queries=bool(config.query), ranges=ranges)  # fmt: skip
-        resumed = await self._resume(engine)
+        resumed = self._resume(engine, restored, read_s)
         phases.done("snapshot")
         if peers is not None:
             peers.resumed = resumed.ssid if resumed else -1
@@ -303,18 +300,38 @@ class Worker:
             await asyncio.sleep(0.01)
         return logged
 
-    async def _resume(self, engine: Engine) -> Manifest | None:
-        """Load the latest complete snapshot into ``engine`` (worker 0 makes sure the tables
-        exist first); None if there is none (or no snapshots): replay from the start."""
+    async def _egress_and_snapshot(
+        self, phases: StartPhases
+    ) -> tuple[tuple[dict[PartitionId, EgressWriter], KeyRanges], tuple[Restored | None, float]]:
+        """The egress writers opened (fencing the last generation's) and the latest snapshot
+        read: at once in strong mode, where every committed snapshot's egress is already out (a
+        part is written only after its egress commits), so any snapshot read is safe to resume
+        from. In weak mode a snapshot's egress is released after it commits, so the snapshot is
+        read only once the fence stops the last generation's workers from releasing any more."""
+        if self.weak:
+            egress = await self._start_egress(phases)
+            return egress, await self._read_snapshot()
+        egress, snapshot = await asyncio.gather(self._start_egress(phases), self._read_snapshot())
+        return egress, snapshot
+
+    async def _read_snapshot(self) -> tuple[Restored | None, float]:
+        """The latest complete snapshot (worker 0 makes sure the tables exist first), read off
+        the loop, and the seconds that took; None if there is none (or no snapshots)."""
         if self.snapshots is None:
-            return None
+            return None, 0.0
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         if self.config.worker == 0:
             await loop.run_in_executor(None, self.snapshots.ensure_tables, self.code_hash)
         restored = await loop.run_in_executor(None, self.snapshots.restore)
+        return restored, time.perf_counter() - started
+
+    def _resume(self, engine: Engine, restored: Restored | None, read_s: float) -> Manifest | None:
+        """Load ``restored`` (read in ``read_s``) into ``engine``; None without one: replay
+        from the start."""
         if restored is None:
             return None
+        started = time.perf_counter()
         manifest = restored.manifest
         mode = "weak" if self.weak else "strong"
         if manifest.recovery != mode:
@@ -324,9 +341,11 @@ class Worker:
                 "keep the mode)", ssid=manifest.ssid,
             )  # fmt: skip
         engine.load(restored.actors, manifest.epoch, carried_of(manifest), restored.migrations)
-        self.metrics.set("epochal_resume_seconds", time.perf_counter() - started)
-        logger.info("resumed from snapshot ssid=%d actors=%s seconds=%.2f", manifest.ssid,
-                    manifest.actors, time.perf_counter() - started)  # fmt: skip
+        loaded_s = time.perf_counter() - started
+        self.metrics.set("epochal_resume_seconds", read_s + loaded_s)
+        logger.info("resumed from snapshot ssid=%d actors=%s seconds=%.2f (read %.2f while the "
+                    "egress writers fenced, loaded %.2f)", manifest.ssid, manifest.actors,
+                    read_s + loaded_s, read_s, loaded_s)  # fmt: skip
         return manifest
 
     async def _start_egress(
