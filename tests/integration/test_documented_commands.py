@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import msgspec
 import pytest
@@ -219,7 +219,7 @@ def _outcomes(kafka: KafkaClients) -> list[EgressRecord]:
     return _egress(kafka, "receipts") + _egress(kafka, "errors")
 
 
-def _json_lines(output: str) -> list[dict[str, object]]:
+def _json_lines(output: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
 

@@ -105,7 +105,7 @@ def _window(tps: float, p99: float, started_ms: float = 0.0) -> dict[str, Any]:
     }
 
 
-BANK = {
+BANK: dict[str, Any] = {
     "bench": "bank",
     "results": [
         {

@@ -31,7 +31,7 @@ def test_the_app_ends_where_the_plain_rules_end(
     app = workload.load_app()
     backlog = workload.backlog(2_000, partitions=4, seed=7)
     plain = workload.plain()
-    outputs = Counter()
+    outputs: Counter[str] = Counter()
     for record in backlog.records:
         out = plain(record.topic, record.value)
         if out is not None:
