@@ -140,7 +140,16 @@ class MemoryCommandLog:
                 yield logged
 
 
-_READER = {"isolation.level": "read_committed", "auto.offset.reset": "error"}
+_READER = {
+    "isolation.level": "read_committed",
+    "auto.offset.reset": "error",
+    # librdkafka prefetches up to 64 MB by default: a worker behind the sequencer (any drain)
+    # held that much more memory; 4 MB is still eight full chunks ahead. With the queue full,
+    # librdkafka waits fetch.queue.backoff.ms (1 s by default) before it fetches again: a
+    # worker drains 4 MB in about a second, so it would wait on the log
+    "queued.max.messages.kbytes": 4096,
+    "fetch.queue.backoff.ms": 20,
+}
 
 
 class EpochPoller:
