@@ -103,6 +103,7 @@ _MANIFEST_SCHEMA = pa.schema([
 ])  # fmt: skip
 _LOG_TABLES = {"commands": COMMANDS_SCHEMA, "outbox": OUTBOX_SCHEMA}
 _CHECKPOINT_EVERY = 20
+_EPOCH_RECORD = msgspec.msgpack.Decoder(EpochRecord)  # the archived epochs a worker hands over
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,7 @@ class DeltaSnapshots:
         commands: Sequence[EpochRecord] = (),
         outbox: Sequence[OutboxRow] = (),
         reported: Sequence[Reported] = (),
-        archived: Sequence[EpochRecord] = (),
+        archived: Sequence[msgspec.Raw] = (),
     ) -> SnapshotPart:
         """Write ``changes`` (one worker's, at the end of epoch ``ssid``) as uncommitted Parquet
         files; the part says where they are and what they add to the digest. The log tables
@@ -300,7 +301,8 @@ class DeltaSnapshots:
         logs = []
         archive = [commands_table(self.app, ssid, commands)] if commands else []
         if archived:
-            archive.append(reported_commands_table(self.app, ssid, archived, reported,
+            epochs = [_EPOCH_RECORD.decode(raw) for raw in archived]
+            archive.append(reported_commands_table(self.app, ssid, epochs, reported,
                                                    empty_epochs=worker == 0))  # fmt: skip
         if any(r.interior for r in reported):
             archive.append(interior_table(self.app, ssid, reported))
