@@ -65,7 +65,7 @@ class _Write(msgspec.Struct, tag="write", frozen=True):
     commands: list[EpochRecord]
     outbox: list[OutboxRow]
     reported: list[Reported]
-    archived: list[msgspec.Raw]  # each EpochRecord's msgpack, as the worker keeps them
+    archived: list[EpochRecord]
 
 
 class _EnsureTables(msgspec.Struct, tag="ensure_tables", frozen=True):
@@ -155,7 +155,7 @@ class ForkedSnapshots:
         commands: Sequence[EpochRecord] = (),
         outbox: Sequence[OutboxRow] = (),
         reported: Sequence[Reported] = (),
-        archived: Sequence[msgspec.Raw] = (),
+        archived: Sequence[EpochRecord] = (),
     ) -> SnapshotPart:
         versions: list[tuple[KeyRef, list[tuple[int, bytes | None]]]] = []
         partition_of: list[tuple[KeyRef, PartitionId]] = []

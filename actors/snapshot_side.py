@@ -21,7 +21,6 @@ from epochal.config import WorkerConfig
 from epochal.log.command_log import LoggedEpoch
 from epochal.log.egress import EgressWriter, commit_all
 from epochal.metrics import Metrics
-from epochal.schemas.codec import encode
 from epochal.schemas.commands import EpochRecord, PartitionId
 from epochal.schemas.snapshots import Manifest, OutboxRow, SnapshotPart
 
@@ -63,7 +62,7 @@ class SnapshotSide:
         engine.on_committed = self.release
         self.taker = SnapshotTaker(snapshots, config.worker, self._written)
         self.last_epoch = 0
-        self._epochs: list[msgspec.Raw] = []  # the epochs since the last snapshot
+        self._epochs: list[EpochRecord] = []  # the epochs since the last snapshot
         self._held: list[OutboxRow] = []  # weak mode: egress since the last snapshot
         self._holding: dict[int, list[OutboxRow]] = {}  # weak mode: per snapshot, until commit
         self._releasing = asyncio.Lock()
@@ -77,10 +76,7 @@ class SnapshotSide:
         return bool(self._tasks)
 
     def archive(self, record: EpochRecord) -> None:
-        """Keep ``record`` for the next snapshot's ``commands`` rows, as its msgpack: a
-        snapshot interval's epochs as objects (a dozen per transaction) raised the worker's
-        memory to the largest interval it ever saw."""
-        self._epochs.append(msgspec.Raw(encode(record)))
+        self._epochs.append(record)
 
     def hold(self, logged: LoggedEpoch, result: EpochResult) -> None:
         """Weak mode: this epoch's dead letters (on the worker of their partition) and egress
@@ -92,10 +88,6 @@ class SnapshotSide:
             for outcome in outcomes:
                 for topic, value in egress_records(app, outcome):
                     self._held.append(OutboxRow(epoch, partition, topic, value))
-
-    async def room(self) -> None:
-        """Wait until the snapshot process can take another part (:meth:`SnapshotTaker.room`)."""
-        await self.taker.room()
 
     def take(self, logged: LoggedEpoch, changes: Sequence[Change], carried: list[Emitted]) -> None:
         record, position = logged.record, logged.position + 1

@@ -103,7 +103,6 @@ _MANIFEST_SCHEMA = pa.schema([
 ])  # fmt: skip
 _LOG_TABLES = {"commands": COMMANDS_SCHEMA, "outbox": OUTBOX_SCHEMA}
 _CHECKPOINT_EVERY = 20
-_EPOCH_RECORD = msgspec.msgpack.Decoder(EpochRecord)  # the archived epochs a worker hands over
 
 
 @dataclass(frozen=True)
@@ -279,7 +278,7 @@ class DeltaSnapshots:
         commands: Sequence[EpochRecord] = (),
         outbox: Sequence[OutboxRow] = (),
         reported: Sequence[Reported] = (),
-        archived: Sequence[msgspec.Raw] = (),
+        archived: Sequence[EpochRecord] = (),
     ) -> SnapshotPart:
         """Write ``changes`` (one worker's, at the end of epoch ``ssid``) as uncommitted Parquet
         files; the part says where they are and what they add to the digest. The log tables
@@ -301,8 +300,7 @@ class DeltaSnapshots:
         logs = []
         archive = [commands_table(self.app, ssid, commands)] if commands else []
         if archived:
-            epochs = [_EPOCH_RECORD.decode(raw) for raw in archived]
-            archive.append(reported_commands_table(self.app, ssid, epochs, reported,
+            archive.append(reported_commands_table(self.app, ssid, archived, reported,
                                                    empty_epochs=worker == 0))  # fmt: skip
         if any(r.interior for r in reported):
             archive.append(interior_table(self.app, ssid, reported))
