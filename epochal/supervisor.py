@@ -67,7 +67,6 @@ from epochal.actors.lifecycle import (
     die_with_parent,
     kill_earlier,
     set_title,
-    steady_heap,
 )
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.transport import TransportError
@@ -249,7 +248,6 @@ def _worker_main(config: ClusterPlan, worker: WorkerConfig, parent: int) -> None
     set_title(f"epochal: worker {worker.worker} of {worker.app} (generation {worker.generation})")
     stop = _Stop(handle_sigint=False)
     child_logging()
-    steady_heap()
     app = load_app(config.app_spec, config.app_name)
     from epochal.actors.context import CRASHED_AT
     from epochal.actors.snapshot_process import ForkedSnapshots, snapshots_beside
