@@ -65,7 +65,7 @@ class _Write(msgspec.Struct, tag="write", frozen=True):
     commands: list[EpochRecord]
     outbox: list[OutboxRow]
     reported: list[Reported]
-    archived: list[EpochRecord]
+    archived: list[msgspec.Raw]  # each epoch's msgpack, decoded where the rows are built
 
 
 class _EnsureTables(msgspec.Struct, tag="ensure_tables", frozen=True):
@@ -155,7 +155,7 @@ class ForkedSnapshots:
         commands: Sequence[EpochRecord] = (),
         outbox: Sequence[OutboxRow] = (),
         reported: Sequence[Reported] = (),
-        archived: Sequence[EpochRecord] = (),
+        archived: Sequence[msgspec.Raw] = (),
     ) -> SnapshotPart:
         versions: list[tuple[KeyRef, list[tuple[int, bytes | None]]]] = []
         partition_of: list[tuple[KeyRef, PartitionId]] = []

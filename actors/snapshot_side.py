@@ -21,7 +21,7 @@ from epochal.config import WorkerConfig
 from epochal.log.command_log import LoggedEpoch
 from epochal.log.egress import EgressWriter, commit_all
 from epochal.metrics import Metrics
-from epochal.schemas.commands import EpochRecord, PartitionId
+from epochal.schemas.commands import PartitionId
 from epochal.schemas.snapshots import Manifest, OutboxRow, SnapshotPart
 
 __all__ = ["SnapshotSide"]
@@ -62,7 +62,7 @@ class SnapshotSide:
         engine.on_committed = self.release
         self.taker = SnapshotTaker(snapshots, config.worker, self._written)
         self.last_epoch = 0
-        self._epochs: list[EpochRecord] = []  # the epochs since the last snapshot
+        self._epochs: list[msgspec.Raw] = []  # the epochs since the last snapshot, as msgpack
         self._held: list[OutboxRow] = []  # weak mode: egress since the last snapshot
         self._holding: dict[int, list[OutboxRow]] = {}  # weak mode: per snapshot, until commit
         self._releasing = asyncio.Lock()
@@ -75,8 +75,10 @@ class SnapshotSide:
         """Frames or held egress still going out."""
         return bool(self._tasks)
 
-    def archive(self, record: EpochRecord) -> None:
-        self._epochs.append(record)
+    def archive(self, logged: LoggedEpoch) -> None:
+        """Keep the epoch for the next snapshot's ``commands`` rows, as the bytes it was
+        logged as: the snapshot process decodes them."""
+        self._epochs.append(logged.msgpack())
 
     def hold(self, logged: LoggedEpoch, result: EpochResult) -> None:
         """Weak mode: this epoch's dead letters (on the worker of their partition) and egress

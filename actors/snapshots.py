@@ -110,12 +110,13 @@ class Snapshots(Protocol):
         commands: Sequence[EpochRecord] = (),
         outbox: Sequence[OutboxRow] = (),
         reported: Sequence[Reported] = (),
-        archived: Sequence[EpochRecord] = (),
+        archived: Sequence[msgspec.Raw] = (),
     ) -> SnapshotPart:
         """Store one worker's changes for snapshot ``ssid``, not yet visible (any thread), with
         the egress and dead letters it holds (weak mode) and what its transactions did since
         the last snapshot (``reported``). The epochs it closes go to the archive either as the
-        transactions of ``reported`` among ``archived`` (each worker: with their outcomes) or
+        transactions of ``reported`` among ``archived`` (each worker, each epoch's msgpack: with
+        their outcomes) or
         whole (``commands``, one part: the outcomes every part reports are joined on at the
         commit)."""
 
@@ -220,7 +221,7 @@ class SnapshotTaker:
         changes: Sequence[Change],
         head: Callable[[SnapshotPart], SnapshotPart],
         *,
-        archived: Sequence[EpochRecord] = (),
+        archived: Sequence[msgspec.Raw] = (),
         outbox: Sequence[OutboxRow] = (),
         reported: Sequence[Reported] = (),
     ) -> None:

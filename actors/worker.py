@@ -271,7 +271,7 @@ class Worker:
             progress.final = logged.record.epoch
         result = await self._execute(engine, logged)
         if taking is not None:
-            taking.archive(logged.record)
+            taking.archive(logged)
         if self.weak:
             assert taking is not None, "weak recovery takes snapshots"
             taking.hold(logged, result)

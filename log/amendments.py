@@ -89,7 +89,7 @@ class Amendments:
     def amend(self, logged: LoggedEpoch) -> LoggedEpoch:
         """:meth:`apply` to an epoch read from the log, keeping its position."""
         record = self.apply(logged.record)
-        return logged if record is logged.record else replace(logged, record=record)
+        return logged if record is logged.record else replace(logged, record=record, logged=None)
 
     def apply(self, record: EpochRecord) -> EpochRecord:
         """The epoch as every executor must run it (the same object when nothing amends it)."""

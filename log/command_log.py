@@ -62,11 +62,19 @@ class LoggedEpoch:
     """An epoch and the command-log position of its final chunk. ``dead``: in weak mode, the
     epoch's dead letters, which the feed carries to the workers to hold until a snapshot
     covers the epoch (the command log never holds them: in strong mode the sequencer writes
-    them in the transaction that logs the epoch)."""
+    them in the transaction that logs the epoch). ``logged``: the record's msgpack as the
+    log holds it, kept for the snapshot's archive instead of the decoded record (a dozen
+    objects a transaction, held for a whole snapshot interval); None where the record is not
+    the logged one (amended, or fed in weak mode)."""
 
     position: int
     record: EpochRecord
     dead: tuple[DeadLetter, ...] = ()
+    logged: bytes | None = None
+
+    def msgpack(self) -> msgspec.Raw:
+        """The record's msgpack: the logged bytes when it is the logged record."""
+        return msgspec.Raw(self.logged if self.logged is not None else encode(self.record))
 
 
 @dataclass(frozen=True)
@@ -115,9 +123,9 @@ class EpochAssembler:
         self._parts.append(chunk.data)
         if not chunk.final:
             return None
-        record = decode(b"".join(self._parts), EpochRecord)
+        logged = b"".join(self._parts)
         self._parts, self._epoch = [], None
-        return LoggedEpoch(position, record)
+        return LoggedEpoch(position, decode(logged, EpochRecord), logged=logged)
 
 
 @dataclass

@@ -103,6 +103,7 @@ _MANIFEST_SCHEMA = pa.schema([
 ])  # fmt: skip
 _LOG_TABLES = {"commands": COMMANDS_SCHEMA, "outbox": OUTBOX_SCHEMA}
 _CHECKPOINT_EVERY = 20
+_EPOCH_RECORD = msgspec.msgpack.Decoder(EpochRecord)  # archived epochs: msgpack, as logged
 
 
 @dataclass(frozen=True)
@@ -278,16 +279,17 @@ class DeltaSnapshots:
         commands: Sequence[EpochRecord] = (),
         outbox: Sequence[OutboxRow] = (),
         reported: Sequence[Reported] = (),
-        archived: Sequence[EpochRecord] = (),
+        archived: Sequence[msgspec.Raw] = (),
     ) -> SnapshotPart:
         """Write ``changes`` (one worker's, at the end of epoch ``ssid``) as uncommitted Parquet
         files; the part says where they are and what they add to the digest. The log tables
         get their rows the same way: ``outbox`` (weak mode: the egress these epochs hold back),
         the interior transactions in ``reported`` (what this worker's transactions did since
         the last snapshot), and the epochs since the last snapshot, either as the logged
-        transactions of ``reported`` among ``archived`` with their outcomes (a cluster's
-        workers, worker 0 adding the epochs without any) or whole (``commands``: then the part
-        carries the outcomes of ``reported`` for the committer to join onto them)."""
+        transactions of ``reported`` among ``archived`` (each epoch's msgpack) with their
+        outcomes (a cluster's workers, worker 0 adding the epochs without any) or whole
+        (``commands``: then the part carries the outcomes of ``reported`` for the committer to
+        join onto them)."""
         by_type: dict[str, list[tuple[ActorKey, bytes | None]]] = {}
         delta = 0
         for change in changes:
@@ -300,7 +302,8 @@ class DeltaSnapshots:
         logs = []
         archive = [commands_table(self.app, ssid, commands)] if commands else []
         if archived:
-            archive.append(reported_commands_table(self.app, ssid, archived, reported,
+            epochs = [_EPOCH_RECORD.decode(raw) for raw in archived]
+            archive.append(reported_commands_table(self.app, ssid, epochs, reported,
                                                    empty_epochs=worker == 0))  # fmt: skip
         if any(r.interior for r in reported):
             archive.append(interior_table(self.app, ssid, reported))

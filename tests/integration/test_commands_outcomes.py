@@ -27,6 +27,7 @@ from epochal.actors.transport import Peers
 from epochal.config import SnapshotConfig
 from epochal.recovery.log_tables import COMMANDS_SCHEMA, commands_table, epochs_of
 from epochal.recovery.snapshots import DeltaSnapshots
+from epochal.schemas.codec import encode
 from epochal.schemas.commands import EpochRecord
 from epochal.schemas.snapshots import Manifest, SnapshotPart
 from tests.conftest import free_port_pair
@@ -93,7 +94,7 @@ async def _two_workers(
             parts = [
                 snapshots.write(record.epoch, w, result.changes or [],
                                 commands=epochs if joined and w == 0 else (),
-                                archived=() if joined else epochs,
+                                archived=() if joined else [msgspec.Raw(encode(e)) for e in epochs],
                                 reported=engines[w].take_reported())
                 for w, result in enumerate(results)
             ]  # fmt: skip

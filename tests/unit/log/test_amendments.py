@@ -12,6 +12,8 @@ from epochal.actors.outcome import AbortKind
 from epochal.actors.plan import ensure_same_code, plan_epoch
 from epochal.errors import ConfigError, RecoveryError
 from epochal.log.amendments import Amendments, skipped_dead_letters
+from epochal.log.command_log import MemoryCommandLog, chunk_epoch
+from epochal.schemas.codec import decode, encode
 from epochal.schemas.commands import (
     SKIPPED_REASON,
     Amendment,
@@ -36,6 +38,14 @@ def test_no_amendment_leaves_every_epoch_as_logged() -> None:
     amendments = Amendments.of([_skip(7, 0), _recode(5, 6, "new")])
     assert all(amendments.apply(r) is r for r in records)  # the hot path allocates nothing
     assert all(Amendments().apply(r) is r for r in records)
+
+
+def test_an_amended_epoch_is_archived_as_amended_and_a_logged_one_as_logged() -> None:
+    (record,) = command_log([[Deposit(1, 5), Deposit(2, 6)]])
+    (logged,) = MemoryCommandLog(chunk_bytes=64, chunks=chunk_epoch(record, 64)).epochs()
+    assert logged.logged is not None and bytes(logged.msgpack()) == encode(record)  # as logged
+    amended = Amendments.of([_skip(0, 1)]).amend(logged)
+    assert decode(bytes(amended.msgpack()), EpochRecord) == amended.record != record
 
 
 def test_a_recode_covers_its_epochs_only_and_a_later_one_wins() -> None:
