@@ -91,6 +91,10 @@ class SnapshotSide:
                 for topic, value in egress_records(app, outcome):
                     self._held.append(OutboxRow(epoch, partition, topic, value))
 
+    async def room(self) -> None:
+        """Wait until the snapshot process can take another part (:meth:`SnapshotTaker.room`)."""
+        await self.taker.room()
+
     def take(self, logged: LoggedEpoch, changes: Sequence[Change], carried: list[Emitted]) -> None:
         record, position = logged.record, logged.position + 1
         self.last_epoch = record.epoch

@@ -152,6 +152,10 @@ def carried_of(manifest: Manifest) -> list[Emitted]:
     return msgspec.msgpack.decode(manifest.carried, type=list[Emitted]) if manifest.carried else []
 
 
+MAX_PENDING_PARTS = 2
+"""Parts a worker hands its snapshot process before it waits: one being written, one next."""
+
+
 class _Background:
     """One thread doing one kind of work in order, and the first error it met.
 
@@ -167,6 +171,13 @@ class _Background:
         self._closed = False
         self.error: BaseException | None = None
         self.pending = 0
+        self._finished: asyncio.Future[None] | None = None  # what ``room`` waits on
+
+    async def room(self, limit: int) -> None:
+        """Wait, on the loop, until fewer than ``limit`` pieces of work are queued or running."""
+        while self.pending >= limit:
+            self._finished = asyncio.get_running_loop().create_future()
+            await self._finished
 
     def run(self, work: Callable[[], T], then: Callable[[T], None]) -> None:
         """``work()`` on the thread, then ``then(result)`` back on the loop (neither once
@@ -176,6 +187,8 @@ class _Background:
         def done(future: Future[T]) -> None:
             def on_loop() -> None:
                 self.pending -= 1
+                if self._finished is not None and not self._finished.done():
+                    self._finished.set_result(None)
                 if future.exception() is not None:
                     self.error = self.error or future.exception()
                 elif not self._closed:
@@ -236,6 +249,12 @@ class SnapshotTaker:
             return part, time.perf_counter() - started
 
         self._writer.run(work, lambda done: self.deliver(*done))
+
+    async def room(self) -> None:
+        """Wait while :data:`MAX_PENDING_PARTS` parts are still being written: a snapshot
+        process that falls behind slows its worker, where each part waiting would hold a
+        snapshot interval's changes in the worker's memory."""
+        await self._writer.room(MAX_PENDING_PARTS)
 
     def check(self) -> None:
         self._writer.check()

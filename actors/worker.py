@@ -283,6 +283,7 @@ class Worker:
         if not self.weak and (snapshot is not None or full):
             await progress.commit(writers)  # a snapshot's egress is out before it exists
         if snapshot is not None and taking is not None:
+            await taking.room()
             taking.take(logged, snapshot, engine.carried)
 
     async def _before_failed_epoch(self, logged: LoggedEpoch, taking: SnapshotSide) -> LoggedEpoch:

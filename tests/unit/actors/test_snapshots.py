@@ -67,3 +67,29 @@ def test_a_part_written_while_the_worker_stops_is_dropped_without_an_error() -> 
     asyncio.run(main())
     assert errors == []
     assert snapshots.committed == [] and committed == []
+
+
+def test_a_worker_waits_while_its_snapshot_process_holds_two_parts() -> None:
+    """A snapshot process behind its worker slows the worker: each part waiting holds a
+    snapshot interval's changes in the worker, so a third part waits for room."""
+    snapshots = _SlowSnapshots()
+    delivered: list[int] = []
+
+    async def main() -> None:
+        taker = SnapshotTaker(snapshots, 0, lambda part, _: delivered.append(part.ssid))  # type: ignore[arg-type]
+        for ssid in (1, 2):
+            await asyncio.wait_for(taker.room(), 1)  # room for one writing and one next
+            taker.take(ssid, [], lambda part: part)
+        third = asyncio.ensure_future(taker.room())
+        await asyncio.sleep(0.1)
+        waited = not third.done()
+        snapshots.go.set()
+        await asyncio.wait_for(third, 5)
+        assert waited, "a third part went in while two were still being written"
+        taker.take(3, [], lambda part: part)
+        while len(delivered) < 3:
+            await asyncio.sleep(0.01)
+        taker.close()
+
+    asyncio.run(main())
+    assert delivered == [1, 2, 3]
