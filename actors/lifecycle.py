@@ -44,6 +44,7 @@ __all__ = [
     "kill_earlier",
     "process_title",
     "set_title",
+    "steady_heap",
 ]
 
 logger = logging.getLogger(__name__)
@@ -163,6 +164,27 @@ def process_title(pid: int) -> str | None:
     except OSError:
         return None
     return raw.split(b"\0")[0].decode(errors="replace").strip() or None
+
+
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter, glibc's malloc.h
+MMAP_THRESHOLD = 256 * 1024
+
+
+def steady_heap(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Have glibc map every buffer of ``threshold`` bytes or more on its own and unmap it when
+    freed; False where libc has no ``mallopt`` (musl, macOS).
+
+    By default glibc raises that threshold to the largest mapped buffer freed (up to 32 MB), so
+    after a worker's first snapshot messages of a few megabytes the later ones came from its
+    heap, fragmented it, and the worker's RSS crept up over a long run. A fixed threshold
+    turns the dynamic one off. Set in a worker once its snapshot process has forked: there,
+    Arrow and Parquet buffers of a few megabytes come and go all the time, and paying fresh
+    pages for each slowed it down."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
 
 
 def _kill_me_with_parent() -> bool:

@@ -67,6 +67,7 @@ from epochal.actors.lifecycle import (
     die_with_parent,
     kill_earlier,
     set_title,
+    steady_heap,
 )
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.transport import TransportError
@@ -272,6 +273,7 @@ def _worker_main(config: ClusterPlan, worker: WorkerConfig, parent: int) -> None
     if snapshots is not None:  # before Kafka clients start threads
         title = f"epochal: snapshots of worker {worker.worker} of {app.name}"
         snapshots = snapshots_beside(snapshots, f"{title} (generation {worker.generation})")
+    steady_heap()  # after the fork: the snapshot process keeps glibc's own threshold
     watch = HangWatch(config.failure.hang_bound_ms, hung)
     watch.start()
     try:

@@ -1,0 +1,43 @@
+"""A worker's heap gives back the big buffers its snapshots free, whatever it freed before."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+_AFTER_A_SNAPSHOT = textwrap.dedent(
+    """
+    import sys
+    from epochal.actors.lifecycle import steady_heap
+
+    def rss_mb():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096 / 1e6
+
+    if sys.argv[1] == "steady":
+        assert steady_heap()
+    big = bytearray(b"z" * (32 << 20))
+    del big  # glibc raises its threshold to what it unmapped: 32 MB
+    buffers = [bytearray(b"x" * (1 << 20)) for _ in range(200)]  # the next snapshot's
+    pin = bytearray(b"y" * (1 << 20))  # still in use, after them
+    before = rss_mb()
+    del buffers
+    print(before, rss_mb())
+    """
+)
+
+
+def _freed_mb(mode: str) -> float:
+    command = [sys.executable, "-c", _AFTER_A_SNAPSHOT, mode]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    before, after = (float(x) for x in out.split())
+    return before - after
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt, /proc")
+def test_buffers_a_snapshot_frees_leave_the_rss_at_once() -> None:
+    assert _freed_mb("steady") > 150
+    assert _freed_mb("glibc's default") < 50  # what the test tells apart: it can fail
