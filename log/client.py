@@ -13,6 +13,8 @@ log no longer holds (deleted by retention or ``delete_records``) becomes a
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -111,6 +113,8 @@ class KafkaClients:
 
     def __init__(self, config: KafkaConfig) -> None:
         self.config = config
+        self._deleter: tuple[int, AdminClient] | None = None  # delete_records's, and its pid
+        self._deleter_lock = threading.Lock()
 
     def producer(self, **settings: Any) -> Producer:
         return Producer(self.config.client_settings(**settings), logger=_librdkafka_logger)
@@ -250,8 +254,7 @@ class KafkaClients:
         wanted = [TopicPartition(t, p, o) for (t, p), o in before.items() if o > 0]
         if not wanted:
             return
-        admin = self.admin()
-        futures = admin.delete_records(wanted, request_timeout=timeout_s)
+        futures = self._deleting_admin().delete_records(wanted, request_timeout=timeout_s)
         for tp, future in futures.items():
             try:
                 future.result(timeout=timeout_s)
@@ -260,7 +263,16 @@ class KafkaClients:
                     exc, "cannot delete records", topic=tp.topic, partition=tp.partition,
                     before=tp.offset,
                 ) from exc  # fmt: skip
-        del admin  # only now: the futures have resolved
+
+    def _deleting_admin(self) -> AdminClient:
+        """One admin client for :meth:`delete_records`, kept: retention deletes after every
+        snapshot, and a client made each time cost a connection to the broker each second
+        (milliseconds each, tens of them once the broker was churning). Made again in a
+        forked process, where the parent's client has no threads."""
+        with self._deleter_lock:
+            if self._deleter is None or self._deleter[0] != os.getpid():
+                self._deleter = (os.getpid(), self.admin())
+            return self._deleter[1]
 
     def admin(self, **settings: Any) -> AdminClient:
         return AdminClient(self.config.client_settings(**settings), logger=_librdkafka_logger)

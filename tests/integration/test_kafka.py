@@ -126,3 +126,22 @@ def test_a_fenced_producer_aborts_the_zombies_open_transaction_and_the_zombie_ca
     seen = [decode(m.value() or b"", Reading) for m in _drain(committed, 3)]
     committed.close()
     assert [(r.sensor, r.seq) for r in seen] == [("fenced", 0), ("fenced", 1), ("fenced", 2)]
+
+
+def test_retention_deletes_records_again_and_again_through_one_admin_client(
+    kafka: KafkaClients, topic_factory: Callable[..., str]
+) -> None:
+    """Retention deletes after every snapshot: each call moves the low watermark, and the
+    calls share one admin client (one made per call cost a broker connection each second)."""
+    topic = topic_factory(partitions=1)
+    clients = KafkaClients(kafka.config)
+    producer = kafka.producer()
+    for i in range(30):
+        producer.produce(topic, value=encode(i))
+    assert producer.flush(10) == 0
+    admins = []
+    for before in (10, 20, 25):
+        clients.delete_records({(topic, 0): before})
+        assert clients.watermarks(topic, 0, committed=False) == (before, 30)
+        admins.append(clients._deleting_admin())
+    assert all(admin is admins[0] for admin in admins)
