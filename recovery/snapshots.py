@@ -104,6 +104,8 @@ _MANIFEST_SCHEMA = pa.schema([
 _LOG_TABLES = {"commands": COMMANDS_SCHEMA, "outbox": OUTBOX_SCHEMA}
 _CHECKPOINT_EVERY = 20
 _EPOCH_RECORD = msgspec.msgpack.Decoder(EpochRecord)  # archived epochs: msgpack, as logged
+_ARCHIVE_BATCH_TXNS = 10_000
+"""Archived epochs are decoded and turned into rows this many transactions at a time."""
 
 
 @dataclass(frozen=True)
@@ -301,10 +303,7 @@ class DeltaSnapshots:
         )
         logs = []
         archive = [commands_table(self.app, ssid, commands)] if commands else []
-        if archived:
-            epochs = [_EPOCH_RECORD.decode(raw) for raw in archived]
-            archive.append(reported_commands_table(self.app, ssid, epochs, reported,
-                                                   empty_epochs=worker == 0))  # fmt: skip
+        archive += self._archived_tables(ssid, archived, reported, empty_epochs=worker == 0)
         if any(r.interior for r in reported):
             archive.append(interior_table(self.app, ssid, reported))
         archive = [table for table in archive if table.num_rows]
@@ -319,6 +318,30 @@ class DeltaSnapshots:
         outcomes = msgspec.msgpack.encode(outcomes_of(reported)) if joined else b""
         return SnapshotPart(ssid, worker, files, DigestSum(delta).hex(), len(changes),
                             logs=tuple(logs), outcomes=outcomes)  # fmt: skip
+
+    def _archived_tables(
+        self,
+        ssid: int,
+        archived: Sequence[msgspec.Raw],
+        reported: Sequence[Reported],
+        *,
+        empty_epochs: bool,
+    ) -> list[pa.Table]:
+        """The ``commands`` rows of ``archived`` (:func:`reported_commands_table`), a batch of
+        epochs at a time: decoded all at once, a snapshot interval's epochs (a dozen objects a
+        transaction, 60-70k transactions in a drain) raised the snapshot process's memory to the
+        largest interval it ever wrote, and kept it there."""
+        tables: list[pa.Table] = []
+        batch: list[EpochRecord] = []
+        size = 0
+        for index, raw in enumerate(archived):
+            batch.append(_EPOCH_RECORD.decode(raw))
+            size += len(batch[-1].txns)
+            if size >= _ARCHIVE_BATCH_TXNS or index == len(archived) - 1:
+                tables.append(reported_commands_table(self.app, ssid, batch, reported,
+                                                      empty_epochs=empty_epochs))  # fmt: skip
+                batch, size = [], 0
+        return tables
 
     def _write_file(self, actor_type: str, table: pa.Table, worker: int) -> ChangeFile:
         name, size = self._write_parquet(self.warehouse.changes(actor_type), table, worker)

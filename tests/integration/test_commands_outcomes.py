@@ -25,6 +25,7 @@ from epochal.actors.oracle import SerialOracle
 from epochal.actors.snapshots import with_log_position
 from epochal.actors.transport import Peers
 from epochal.config import SnapshotConfig
+from epochal.recovery import snapshots as recovery_snapshots
 from epochal.recovery.log_tables import COMMANDS_SCHEMA, commands_table, epochs_of
 from epochal.recovery.snapshots import DeltaSnapshots
 from epochal.schemas.codec import encode
@@ -119,10 +120,16 @@ def _archive(snapshots: DeltaSnapshots, manifest: Manifest) -> pa.Table:
     return DeltaTable(uri, version=manifest.log_versions["commands"]).to_pyarrow_table()
 
 
-@pytest.mark.parametrize("joined", [False, True], ids=["by-reporter", "joined"])
+@pytest.mark.parametrize(
+    ("joined", "batch"),
+    [(False, None), (False, 5), (True, None)],
+    ids=["by-reporter", "by-reporter-in-batches", "joined"],
+)
 def test_the_archive_holds_every_transaction_with_the_oracles_outcome(
-    tmp_path: Path, joined: bool
+    tmp_path: Path, joined: bool, batch: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if batch is not None:  # archived epochs turned into rows a few transactions at a time
+        monkeypatch.setattr(recovery_snapshots, "_ARCHIVE_BATCH_TXNS", batch)
     records = _log()
     oracle = SerialOracle(app).run(records)
     snapshots = _snapshots(tmp_path)
