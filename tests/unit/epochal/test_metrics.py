@@ -45,8 +45,11 @@ def test_counters_and_gauges_render_in_prometheus_text_format_with_labels() -> N
 
 
 def test_another_process_is_served_under_its_namespace() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    script = "import time; print('up', flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout is not None and child.stdout.readline() == "up\n"  # past its exec:
+        # read at once after the fork, a child's RSS could still read 0 (it failed CI once)
         metrics = Metrics(app="bank", worker="0")
         metrics.watch_process(child.pid, "epochal_snapshots")
         samples = _samples(metrics.render())
@@ -56,6 +59,8 @@ def test_another_process_is_served_under_its_namespace() -> None:
     finally:
         child.kill()
         child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
 
 
 def test_a_series_missing_a_label_others_have_gets_it_empty() -> None:
