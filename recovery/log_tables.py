@@ -16,9 +16,11 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
-from collections.abc import Sequence
-from typing import Any
+import operator
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 import msgspec
 import pyarrow as pa
@@ -113,8 +115,8 @@ def commands_table(app: App, ssid: int, records: Sequence[EpochRecord]) -> pa.Ta
     run in it: they have rows of their own, :func:`interior_table`). ``txn`` is the transaction
     as the log holds it (its event's canonical bytes included), so :func:`epochs_of` gives back
     the epochs for replay."""
-    txns = [(r, t) for r in records for t in r.txns]
-    return _logged_rows(app, ssid, txns, [r for r in records if not r.txns], None)
+    rows = [_Rows(r, r.txns) for r in records if r.txns]
+    return _logged_rows(app, ssid, rows, [r for r in records if not r.txns], None)
 
 
 def reported_commands_table(
@@ -123,30 +125,45 @@ def reported_commands_table(
 ) -> pa.Table:  # fmt: skip
     """The rows of :func:`commands_table` of the logged transactions one worker reported (each
     transaction has one reporter), with their outcomes: no join at the commit. The rows of
-    epochs without logged transactions come from one worker only (``empty_epochs``)."""
+    epochs without logged transactions come from one worker only (``empty_epochs``).
+
+    Taken an epoch at a time: a report's seqs are in order (interior ones, below 0, first),
+    every transaction commits but the few it names aborted, and a worker that reports all of
+    an epoch's logged transactions (the only one, say) gives their tuple as it is."""
     by_epoch = {r.epoch: r for r in reported}
-    txns: list[tuple[EpochRecord, CommandTxn]] = []
+    rows: list[_Rows] = []
     committed: list[bool] = []
     reasons: list[str] = []
     for record in records:
         report = by_epoch.get(record.epoch)
         if report is None:
             continue
+        seqs = report.seqs[bisect.bisect_left(report.seqs, 0) :]
         logged = record.txns
-        for seq in report.seqs:
+        rows.append(_Rows(record, logged if len(seqs) == len(logged) else
+                          [logged[seq] for seq in seqs]))  # fmt: skip
+        first = len(committed)
+        committed += [True] * len(seqs)
+        reasons += [""] * len(seqs)
+        for seq, reason in report.aborted.items():
             if seq >= 0:
-                txns.append((record, logged[seq]))
-                reason = report.aborted.get(seq)
-                committed.append(reason is None)
-                reasons.append(reason or "")
+                row = first + bisect.bisect_left(seqs, seq)
+                committed[row], reasons[row] = False, reason
     empty = [r for r in records if not r.txns] if empty_epochs else []
-    return _logged_rows(app, ssid, txns, empty, (committed, reasons))
+    return _logged_rows(app, ssid, rows, empty, (committed, reasons))
+
+
+class _Rows(NamedTuple):
+    """The logged transactions of one epoch that get rows."""
+
+    record: EpochRecord
+    txns: Sequence[CommandTxn]
 
 
 def _logged_rows(
     app: App,
     ssid: int,
-    txns: Sequence[tuple[EpochRecord, CommandTxn]],
+    logged: Sequence[_Rows],
     empty: Sequence[EpochRecord],
     outcomes: tuple[list[bool], list[str]] | None,
 ) -> pa.Table:
@@ -155,21 +172,21 @@ def _logged_rows(
     a small machine, the cores) with the epoch loop: a row costs a few list items, no dict;
     what an epoch fixes (time, seed, code hash) is taken per epoch and repeated by Arrow, and
     the keys are one flat column cut into lists."""
-    records = [r for r, _ in txns] + list(empty)
-    commands = [t for _, t in txns]
-    rows, logged = len(records), len(commands)
-    none: list[None] = [None] * (rows - logged)
-    sources = [t.source for t in commands]
+    commands = list(itertools.chain.from_iterable(txns for _, txns in logged))
+    rows = len(commands) + len(empty)
+    none: list[None] = [None] * len(empty)
+    sources = list(map(_SOURCE, commands))
+    events = list(zip(map(_HANDLER, commands), map(_EVENT, commands), strict=True))
     listed: dict[str, list[Any]] = {
-        "seq": [t.seq for t in commands] + [-1] * len(none),
-        "handler": [t.handler for t in commands] + [""] * len(none),
-        "event_json": _EventJson(app).many([(t.handler, t.event) for t in commands]) + none,
-        "origin": [_ORIGINS[t.origin] for t in commands] + [""] * len(none),
+        "seq": [*map(_SEQ, commands), *[-1] * len(none)],
+        "handler": [*map(_HANDLER, commands), *[""] * len(none)],
+        "event_json": _EventJson(app).many(events) + none,
+        "origin": [*map(_ORIGINS.__getitem__, map(_ORIGIN, commands)), *[""] * len(none)],
         "source_topic": [s.topic if s else None for s in sources] + none,
         "source_partition": [s.partition if s else None for s in sources] + none,
         "source_offset": [s.offset if s else None for s in sources] + none,
         "request_id": [t.request_id or None for t in commands] + none,
-        "txn": [encode_canonical(t) for t in commands] + none,
+        "txn": [*map(encode_canonical, commands), *none],
     }
     if outcomes is not None:
         listed["committed"] = outcomes[0] + none
@@ -177,7 +194,8 @@ def _logged_rows(
     columns = {name: pa.array(v, COMMANDS_SCHEMA.field(name).type) for name, v in listed.items()}
     columns["ssid"] = pa.array(itertools.repeat(ssid, rows), pa.int64(), size=rows)
     columns["keys"] = _key_lists(commands, rows)
-    columns.update(_per_epoch(records))
+    records = [record for record, _ in logged] + list(empty)
+    columns.update(_per_epoch(records, [*(len(txns) for _, txns in logged), *[1] * len(empty)]))
     return pa.table(
         [columns[f.name] if f.name in columns else pa.nulls(rows, f.type)
          for f in COMMANDS_SCHEMA],
@@ -185,26 +203,35 @@ def _logged_rows(
     )  # fmt: skip
 
 
-def _per_epoch(records: Sequence[EpochRecord]) -> dict[str, pa.Array]:
-    """The columns an epoch fixes, for rows of ``records`` (consecutive rows mostly share one):
-    each epoch's values once, taken by row."""
-    firsts: dict[int, int] = {}
-    index = [firsts.setdefault(id(r), len(firsts)) for r in records]
-    unique = list({id(r): r for r in records}.values())
-    take = pa.array(index, pa.int32())
+_SEQ = operator.attrgetter("seq")
+_HANDLER = operator.attrgetter("handler")
+_EVENT = operator.attrgetter("event")
+_ORIGIN = operator.attrgetter("origin")
+_SOURCE = operator.attrgetter("source")
+_KEYS = operator.attrgetter("keys")
+
+
+def _per_epoch(records: Sequence[EpochRecord], counts: Iterable[int]) -> dict[str, pa.Array]:
+    """The columns an epoch fixes, for rows that come ``counts[i]`` in a row for ``records[i]``:
+    each epoch's values once, repeated by Arrow."""
+    repeats = itertools.chain.from_iterable(map(itertools.repeat, itertools.count(), counts))
+    take = pa.array(repeats, pa.int32())
     return {
-        "epoch": pa.array([r.epoch for r in unique], pa.int64()).take(take),
-        "time": pa.array([r.now_ms for r in unique], pa.timestamp("ms", tz="UTC")).take(take),
-        "code_hash": pa.array([r.code_hash for r in unique], pa.string()).take(take),
-        "seed": pa.array([r.seed for r in unique], pa.int64()).take(take),
+        "epoch": pa.array([r.epoch for r in records], pa.int64()).take(take),
+        "time": pa.array([r.now_ms for r in records], pa.timestamp("ms", tz="UTC")).take(take),
+        "code_hash": pa.array([r.code_hash for r in records], pa.string()).take(take),
+        "seed": pa.array([r.seed for r in records], pa.int64()).take(take),
     }
 
 
 def _key_lists(commands: Sequence[CommandTxn], rows: int) -> pa.Array:
     """The ``keys`` column: each transaction's keys as text, then an empty list per row left."""
-    texts = _KEY_TEXTS
-    flat = [texts.get(k) or _key_text(k) for t in commands for k in t.keys]
-    ends = list(itertools.accumulate((len(t.keys) for t in commands), initial=0))
+    keys = list(map(_KEYS, commands))
+    flat = list(map(_KEY_TEXTS.get, itertools.chain.from_iterable(keys)))
+    if None in flat:  # an actor not seen lately: its text is made once
+        flat = [text or _key_text(k) for text, k in
+                zip(flat, itertools.chain.from_iterable(keys), strict=True)]  # fmt: skip
+    ends = list(itertools.accumulate(map(len, keys), initial=0))
     ends += [ends[-1]] * (rows - len(commands))
     return pa.ListArray.from_arrays(pa.array(ends, pa.int32()), pa.array(flat, pa.string()))
 

@@ -57,22 +57,29 @@ _TXN = st.builds(
 _EPOCHS = st.lists(st.lists(_TXN, max_size=4), max_size=6)
 
 
-@given(_EPOCHS, st.booleans(), st.integers(0, 2**63 - 1))
+@given(_EPOCHS, st.booleans(), st.integers(0, 2**63 - 1), st.data())
 def test_archive_rows_are_the_transactions_as_logged(
-    epochs: list[list[CommandTxn]], empty_epochs: bool, salt: int
+    epochs: list[list[CommandTxn]], empty_epochs: bool, salt: int, data: st.DataObject
 ) -> None:
     """Each reported transaction's row carries its own epoch's time, seed and hash, its keys and
     its outcome, and an epoch without transactions one ``seq`` -1 row, whatever the mix: the
-    columns are built apart (per epoch, flat keys), so a row that took another's value shows."""
+    columns are built apart (per epoch, flat keys), so a row that took another's value shows.
+    A worker reports some of an epoch's transactions (the others are another's), maybe
+    interior ones too (seqs below 0, which have rows of their own), or none of the epoch."""
     records = [
         EpochRecord(epoch, 1_000 + epoch, (salt + epoch) % 2**63, f"h{epoch}",
                     tuple(msgspec.structs.replace(t, seq=seq) for seq, t in enumerate(txns)))
         for epoch, txns in enumerate(epochs)
     ]  # fmt: skip
-    reported = [
-        Reported(r.epoch, r.now_ms, r.seed, r.code_hash, [t.seq for t in r.txns],
-                 {t.seq: f"no {t.seq}" for t in r.txns if t.seq % 2}, {})
+    mine = {
+        r.epoch: [t.seq for t in r.txns if data.draw(st.booleans(), f"{r.epoch}:{t.seq}")]
         for r in records
+        if data.draw(st.booleans(), f"reports {r.epoch}")
+    }
+    reported = [
+        Reported(r.epoch, r.now_ms, r.seed, r.code_hash, [-2, -1][: r.epoch % 3] + mine[r.epoch],
+                 {seq: f"no {seq}" for seq in [-1, *mine[r.epoch]] if seq % 2}, {})
+        for r in records if r.epoch in mine
     ]  # fmt: skip
     table = reported_commands_table(app, 7, records, reported, empty_epochs)
     table.validate(full=True)
@@ -85,7 +92,7 @@ def test_archive_rows_are_the_transactions_as_logged(
          "source_offset": t.source and t.source.offset, "request_id": t.request_id or None,
          "code_hash": r.code_hash, "seed": r.seed, "txn": msgspec.msgpack.encode(t),
          "committed": t.seq % 2 == 0, "reason": f"no {t.seq}" if t.seq % 2 else ""}
-        for r in records for t in r.txns
+        for r in records for t in r.txns if t.seq in mine.get(r.epoch, ())
     ] + [
         {"ssid": 7, "epoch": r.epoch, "now_ms": r.now_ms, "seq": -1, "handler": "",
          "event_json": None, "keys": [], "origin": "", "source_topic": None,
