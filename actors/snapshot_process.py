@@ -160,9 +160,8 @@ class ForkedSnapshots:
         versions: list[tuple[KeyRef, list[tuple[int, bytes | None]]]] = []
         partition_of: list[tuple[KeyRef, PartitionId]] = []
         listed: list[Change] = []
-        if isinstance(changes, ChangedSince):  # as lists: encoded without a Python loop
-            kept, partitions = changes.kept
-            versions, partition_of = list(kept.items()), list(partitions.items())
+        if isinstance(changes, ChangedSince):  # as lists, the versions compared over there
+            versions, partition_of = changes.kept()
         else:
             listed = list(changes)
         call = _Write(

@@ -61,11 +61,13 @@ class ChangedSince(Sequence[Change]):
         self._versions = versions  # no longer the store's: nothing changes them any more
         self._partition_of = partition_of
 
-    @property
-    def kept(self) -> tuple[dict[KeyRef, list[_Version]], dict[KeyRef, PartitionId]]:
-        """The versions it is made of and their actors' partitions, to make it again in another
-        process (the snapshot process) without walking them here."""
-        return self._versions, self._partition_of
+    def kept(self) -> tuple[list[tuple[KeyRef, list[_Version]]], list[tuple[KeyRef, PartitionId]]]:
+        """What it is made of, to make it again in another process (the snapshot process) and
+        compare there: each actor's first and last version (all a change needs: the ones
+        between, one per epoch that wrote the actor, were most of what crossed) and partition.
+        Called off the epoch loop: it walks the changed actors."""
+        ends = [(ref, v if len(v) < 3 else [v[0], v[-1]]) for ref, v in self._versions.items()]
+        return ends, list(self._partition_of.items())
 
     @functools.cached_property
     def _changes(self) -> list[Change]:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from epochal.actors.digest import DigestSum, state_digest
-from epochal.actors.store import StateStore
+from epochal.actors.store import ChangedSince, StateStore
 from epochal.schemas.commands import KeyRef, PartitionId
 
 P = PartitionId(0)
@@ -76,3 +76,24 @@ def test_snapshot_digest_deltas_add_up_to_the_state_digest(writes: list) -> None
     for change in store.take_changes(len(writes)):
         digest.total = (digest.total + change.digest_delta()) % 2**256
     assert digest.hex() == state_digest(store.items())
+
+
+_VALUES = st.one_of(st.none(), st.sampled_from([b"1", b"2"]))  # written back to a value, often
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([A, B, KeyRef("T", "c")]), _VALUES), max_size=30))
+def test_what_crosses_to_the_snapshot_process_makes_the_same_changes(
+    writes: list[tuple[KeyRef, bytes | None]],
+) -> None:
+    """The first and last version of each actor go (not the ones between): made again there,
+    they give the changes taken here, an actor written back to its value included."""
+    store = StateStore([P], versioned=True)
+    for epoch, (ref, value) in enumerate(writes):
+        store.apply(ref, P, value, epoch // 3)
+    taken = store.take_changes(len(writes))
+    assert isinstance(taken, ChangedSince)
+    versions, partitions = taken.kept()
+    assert all(len(kept) <= 2 for _, kept in versions)
+    again = ChangedSince(dict(versions), dict(partitions))
+    assert list(again) == list(taken)
