@@ -45,6 +45,7 @@ __all__ = [
     "process_title",
     "set_title",
     "steady_heap",
+    "system_heap_for_arrow",
 ]
 
 logger = logging.getLogger(__name__)
@@ -185,6 +186,17 @@ def steady_heap(threshold: int = MMAP_THRESHOLD) -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
+
+
+def system_heap_for_arrow() -> None:
+    """Have Arrow allocate from the C library's heap (the one :func:`steady_heap` tunes), not
+    from the mimalloc its wheels bundle and use by default, which keeps what each thread frees
+    for that thread: over a 5M-transfer long run a second worker stayed near 160 MB instead
+    of 230, and the snapshot processes' peaks came down by a tenth. Set in a worker before its
+    snapshot process forks, so both use it (buffers allocated before stay with their pool)."""
+    import pyarrow as pa
+
+    pa.set_memory_pool(pa.system_memory_pool())
 
 
 def _kill_me_with_parent() -> bool:

@@ -68,6 +68,7 @@ from epochal.actors.lifecycle import (
     kill_earlier,
     set_title,
     steady_heap,
+    system_heap_for_arrow,
 )
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.transport import TransportError
@@ -271,6 +272,7 @@ def _worker_main(config: ClusterPlan, worker: WorkerConfig, parent: int) -> None
 
     snapshots: Snapshots | None = _snapshots(config, app)
     if snapshots is not None:  # before Kafka clients start threads
+        system_heap_for_arrow()
         title = f"epochal: snapshots of worker {worker.worker} of {app.name}"
         snapshots = snapshots_beside(snapshots, f"{title} (generation {worker.generation})")
     steady_heap()  # after the fork: the snapshot process keeps glibc's own threshold

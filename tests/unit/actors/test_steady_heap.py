@@ -41,3 +41,25 @@ def _freed_mb(mode: str) -> float:
 def test_buffers_a_snapshot_frees_leave_the_rss_at_once() -> None:
     assert _freed_mb("steady") > 150
     assert _freed_mb("glibc's default") < 50  # what the test tells apart: it can fail
+
+
+_POOLS = textwrap.dedent(
+    """
+    import os
+    import pyarrow as pa
+    from epochal.actors.lifecycle import system_heap_for_arrow
+
+    system_heap_for_arrow()
+    pid = os.fork()  # a worker's snapshot process
+    print(pa.default_memory_pool().backend_name, flush=True)
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    """
+)
+
+
+def test_a_worker_and_its_snapshot_process_give_arrow_the_system_heap() -> None:
+    out = subprocess.run([sys.executable, "-c", _POOLS], capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    assert out.split() == ["system", "system"]
