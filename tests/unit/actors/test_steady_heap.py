@@ -51,10 +51,11 @@ _POOLS = textwrap.dedent(
 
     system_heap_for_arrow()
     pid = os.fork()  # a worker's snapshot process
-    print(pa.default_memory_pool().backend_name, flush=True)
     if pid == 0:
+        os.write(1, pa.default_memory_pool().backend_name.encode() + b" ")
         os._exit(0)
-    os.waitpid(pid, 0)
+    os.waitpid(pid, 0)  # the child's line first
+    print(pa.default_memory_pool().backend_name)
     """
 )
 
