@@ -23,10 +23,11 @@ starts from the positions the shell passes in: each epoch carries the full posit
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Container, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import msgspec
 
@@ -74,9 +75,10 @@ class EpochStamp:
     snapshot: bool = False
 
 
-class Routed(NamedTuple):
-    """A valid record: the handler it invokes, its event as msgpack, its declared keys (one
-    per input record: a tuple is the cheapest to make)."""
+class Routed(msgspec.Struct, frozen=True, gc=False):
+    """A valid record: the handler it invokes, its event as msgpack, its declared keys. One
+    per input record: a Struct is made in C (a NamedTuple's ``__new__`` is a Python function,
+    6 % of the sequencer's CPU in a drain)."""
 
     handler: str
     event: bytes
@@ -131,15 +133,19 @@ def order(
     offset)`` of records an operator sent to the dead letters (``epochal skip --input``).
     """
     batch = _Batch(router, dead_letter_bytes, dict(positions or {}), skipped, egress_format)
-    for record in sorted(inputs, key=lambda r: (r.topic, r.partition, r.offset)):
+    for record in sorted(inputs, key=_BY_POSITION):
         batch.border(record)
-    for record in sorted(requests, key=lambda r: (r.partition, r.offset)):
+    for record in sorted(requests, key=_BY_PARTITION_OFFSET):
         batch.client(record, sequenced_requests)
     epoch_record = EpochRecord(
         stamp.epoch, stamp.now_ms, stamp.seed, stamp.code_hash, tuple(batch.txns),
         batch.next_offsets, stamp.snapshot,
     )  # fmt: skip
     return SequencedEpoch(epoch_record, tuple(batch.dead), batch.seen)
+
+
+_BY_POSITION = operator.attrgetter("topic", "partition", "offset")  # made in C, not a lambda
+_BY_PARTITION_OFFSET = operator.attrgetter("partition", "offset")
 
 
 @dataclass
