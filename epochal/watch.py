@@ -28,30 +28,54 @@ from epochal.config import KafkaConfig
 from epochal.log.client import KafkaClients
 from epochal.log.membership import GroupObserver, GroupState, GroupView, members_group
 
-__all__ = ["BrokerOutage", "GroupWatch", "OutageChange"]
+__all__ = ["ASK_AFRESH_AFTER_S", "EXIT_ASK_AFRESH", "BrokerOutage", "GroupWatch", "OutageChange"]
 
 logger = logging.getLogger(__name__)
 _POLL_S = 0.05
 _RESTART_AFTER_S = 1.0  # a watch that dies at once is not restarted in a tight loop
 _STUCK_AFTER_INTERVALS = 10  # a watch silent this many intervals (and 5 s) is stuck
+ASK_AFRESH_AFTER_S = 10.0
+"""A watch whose broker has not answered for this long exits, and another, with a fresh
+client, asks next: see :func:`_watch_main`."""
+EXIT_ASK_AFRESH = 3  # the exit code of such a watch
 
 
 def _watch_main(
-    kafka: KafkaConfig, app: str, interval_s: float, sender: Connection, parent: int
+    kafka: KafkaConfig,
+    app: str,
+    interval_s: float,
+    sender: Connection,
+    parent: int,
+    *,
+    afresh_after_s: float = ASK_AFRESH_AFTER_S,
 ) -> None:
-    """The watch process: describe the group, send each view, until the supervisor goes."""
+    """The watch process: describe the group, send each view, until the supervisor goes.
+
+    A broker that has not answered for ``afresh_after_s`` ends it (:data:`EXIT_ASK_AFRESH`;
+    the supervisor starts another at once): a long outage is when librdkafka's admin client
+    goes wrong, aborting (#4605, above) or, in one CI run, never reporting the broker back
+    while the cluster's other clients reached it. A fresh process starts from a fresh
+    client, and exits without running the old one's destructors."""
     die_with_parent(parent)
     set_title(f"epochal: watch of {app}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor stops it
     child_logging()
     observer = GroupObserver(KafkaClients(kafka), members_group(app), interval_s)
+    unanswered_since: float | None = None
     while True:
-        view = observer.view(time.monotonic())
+        now = time.monotonic()
+        view = observer.view(now)
         if view is not None:
             try:
                 sender.send(view)
             except OSError:  # the supervisor closed its end
                 return
+            if view.state is not GroupState.UNREACHABLE:
+                unanswered_since = None
+            elif unanswered_since is None:
+                unanswered_since = now
+            elif now - unanswered_since >= afresh_after_s:
+                os._exit(EXIT_ASK_AFRESH)
         time.sleep(_POLL_S)
 
 
@@ -99,8 +123,11 @@ class GroupWatch:
             self._heard = now
         if self.process.exitcode is not None and now - self._started > _RESTART_AFTER_S:
             code, pid = self.process.exitcode, self.pid
-            # librdkafka can abort on describe requests after time-outs (see above)
-            logger.warning("group watch exited code=%s pid=%s; starting another", code, pid)
+            if code == EXIT_ASK_AFRESH:
+                logger.info("group watch pid=%s: no answer for %.0f s; a fresh one asks", pid,
+                            ASK_AFRESH_AFTER_S)  # fmt: skip
+            else:  # librdkafka can abort on describe requests after time-outs (see above)
+                logger.warning("group watch exited code=%s pid=%s; starting another", code, pid)
             self._replace()
         elif now - self._heard > max(_STUCK_AFTER_INTERVALS * self.interval_s, 5.0):
             silent = now - self._heard

@@ -3,8 +3,15 @@ back, whatever the views say in between."""
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import os
+import time
+
+from epochal.config import KafkaConfig
 from epochal.log.membership import GroupState
-from epochal.watch import BrokerOutage, OutageChange
+from epochal.watch import EXIT_ASK_AFRESH, BrokerOutage, OutageChange, _watch_main
+from tests.conftest import free_ports
 
 AWAY, STABLE, REBALANCING = GroupState.UNREACHABLE, GroupState.STABLE, GroupState.REBALANCING
 
@@ -29,3 +36,32 @@ def test_the_outage_lasts_from_the_first_view_that_says_so() -> None:
     assert outage.away and outage.since == 10.0
     outage.observe(AWAY, now=12.0)
     assert outage.since == 10.0
+
+
+def test_a_watch_the_broker_leaves_unanswered_makes_way_for_a_fresh_one() -> None:
+    """Nothing listens at the bootstrap: the watch says so in its views, then exits with the
+    code that has the supervisor start a fresh one (not a crash's), once the broker has been
+    silent for the bound since the first view said so, not before."""
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    nobody = f"127.0.0.1:{free_ports(1)}"
+    kafka = KafkaConfig(nobody, {"socket.connection.setup.timeout.ms": "1000"})
+    watch = context.Process(
+        target=_watch_main, args=(kafka, "unheard", 0.2, sender, os.getpid()),
+        kwargs={"afresh_after_s": 2.0},
+    )  # fmt: skip
+    watch.start()
+    sender.close()
+    views: list[tuple[float, GroupState]] = []
+    deadline = time.monotonic() + 60
+    with contextlib.suppress(EOFError):
+        while watch.exitcode is None and time.monotonic() < deadline:
+            if receiver.poll(0.05):
+                views.append((time.monotonic(), receiver.recv().state))
+    ended = time.monotonic()
+    if watch.exitcode is None:
+        watch.kill()
+    watch.join()
+    assert watch.exitcode == EXIT_ASK_AFRESH
+    assert views and {state for _, state in views} == {AWAY}
+    assert ended - views[0][0] >= 1.9, "it left before the broker was silent for the bound"
