@@ -25,6 +25,7 @@ the newest snapshot whose tables read back complete, skipping, with a warning, o
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -331,16 +332,20 @@ class DeltaSnapshots:
         epochs at a time: decoded all at once, a snapshot interval's epochs (a dozen objects a
         transaction, 60-70k transactions in a drain) raised the snapshot process's memory to the
         largest interval it ever wrote, and kept it there."""
+        rows = functools.partial(
+            reported_commands_table, self.app, ssid, reported=reported, empty_epochs=empty_epochs
+        )
         tables: list[pa.Table] = []
         batch: list[EpochRecord] = []
         size = 0
-        for index, raw in enumerate(archived):
+        for raw in archived:  # a batch becomes rows before the next is decoded
             batch.append(_EPOCH_RECORD.decode(raw))
             size += len(batch[-1].txns)
-            if size >= _ARCHIVE_BATCH_TXNS or index == len(archived) - 1:
-                tables.append(reported_commands_table(self.app, ssid, batch, reported,
-                                                      empty_epochs=empty_epochs))  # fmt: skip
+            if size >= _ARCHIVE_BATCH_TXNS:
+                tables.append(rows(batch))
                 batch, size = [], 0
+        if batch:
+            tables.append(rows(batch))
         return tables
 
     def _write_file(self, actor_type: str, table: pa.Table, worker: int) -> ChangeFile:
