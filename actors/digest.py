@@ -2,9 +2,10 @@
 
 Engines, the oracle and replay are compared by digest (docs/concepts.md): equal digests, equal
 state.
-A sum of item hashes does not depend on order, so each partition keeps its own share up to date
+A sum of item hashes does not depend on order, so each worker keeps its own share up to date
 on every write (two hashes per write, instead of hashing all state every epoch), and the digest
-of a cluster is the sum of its partitions' shares. States are hashed as their canonical bytes
+of a cluster is the sum of its workers' shares. A replay, which needs only the digest at its end,
+hashes each actor once then instead. States are hashed as their canonical bytes
 (:mod:`epochal.schemas.canonical`), embedded as they are in the msgpack of the item.
 """
 

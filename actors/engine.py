@@ -281,5 +281,5 @@ class Engine:
 class LocalEngine(Engine):
     """All partitions in this process: ``asyncio.run(LocalEngine(app, 4).run(records))``."""
 
-    def __init__(self, app: App, partitions: int) -> None:
-        super().__init__(app, partitions)
+    def __init__(self, app: App, partitions: int, *, track_digest: bool = True) -> None:
+        super().__init__(app, partitions, track_digest=track_digest)

@@ -113,9 +113,7 @@ class StateStore:
         self._versions: dict[KeyRef, list[_Version]] = {}
         self._partition_of: dict[KeyRef, PartitionId] = {}
         self._newest = floor  # the last epoch a version was kept for
-        self.digests: dict[PartitionId, DigestSum] | None = (
-            {p: DigestSum() for p in partitions} if track_digest else None
-        )
+        self.digest: DigestSum | None = DigestSum() if track_digest else None
         self._index: dict[str, list[ActorKey]] | None = None  # sorted keys, per type
         self.actors: dict[PartitionId, int] = dict.fromkeys(partitions, 0)  # actors per partition
 
@@ -127,8 +125,8 @@ class StateStore:
         if (old is None) != (value is None):
             self._index = None  # an actor came or went
             self.actors[partition] += 1 if old is None else -1
-        if self.digests is not None:
-            self.digests[partition].replace(ref, old, value)
+        if self.digest is not None:
+            self.digest.replace(ref, old, value)
         if not self.versioned:
             return
         self._newest = epoch
@@ -147,8 +145,8 @@ class StateStore:
             self.actors[partition] += 1
         self.values[ref] = value
         self._index = None
-        if self.digests is not None:
-            self.digests[partition].replace(ref, None, value)
+        if self.digest is not None:
+            self.digest.replace(ref, None, value)
 
     def value_at(self, ref: KeyRef, epoch: int) -> bytes | None:
         """The actor's value at the end of ``epoch`` (which must not be below the floor)."""
@@ -213,7 +211,11 @@ class StateStore:
         return iter(self.values.items())
 
     def digest_total(self) -> int | None:
-        """The sum of this store's digest shares, or None when digests are not tracked."""
-        if self.digests is None:
-            return None
-        return sum(share.total for share in self.digests.values())
+        """This store's share of the digest, or None when it is not tracked."""
+        return None if self.digest is None else self.digest.total
+
+    def track_digest(self) -> None:
+        """Keep the digest from now on, from one hash per actor held: where only the digest at
+        the end counts (a replay), that is cheaper than two hashes per write all along."""
+        if self.digest is None:
+            self.digest = DigestSum(sum(item_hash(ref, value) for ref, value in self.items()))

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 
 from epochal.actors.api import App
 from epochal.actors.engine import LocalEngine
+from epochal.actors.lifecycle import collecting_less
 from epochal.actors.plan import ensure_same_code
 from epochal.actors.snapshots import Restored, carried_of
 from epochal.log.amendments import Amendments
@@ -35,9 +36,10 @@ def replay_command_log(
     the snapshot ``restored`` if given (``epochs`` then start after it), with the log's
     ``amendments`` (skipped transactions, re-coded epochs: ``log/amendments.py``) applied.
 
-    Returns the engine (its state) and the number of epochs replayed.
+    Returns the engine (its state) and the number of epochs replayed. Only the digest at the
+    end counts, so it is made then, once; the collector runs less meanwhile.
     """
-    engine = LocalEngine(app, partitions)
+    engine = LocalEngine(app, partitions, track_digest=False)
     if restored is not None:
         manifest = restored.manifest
         engine.load(restored.actors, manifest.epoch, carried_of(manifest), restored.migrations)
@@ -54,5 +56,7 @@ def replay_command_log(
             replayed += 1
             on_epoch(logged.position)
 
-    asyncio.run(run())
+    with collecting_less():
+        asyncio.run(run())
+    engine.store.track_digest()
     return engine, replayed

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from epochal.actors.api import App, load_app, named
 from epochal.actors.engine import Engine
+from epochal.actors.lifecycle import collecting_less
 from epochal.actors.outcome import Emitted
 from epochal.actors.store import Change
 from epochal.config import SnapshotConfig
@@ -330,7 +331,9 @@ def replay_task(setup: TaskSetup) -> Callable[[int, Iterable[Any]], Iterator[Tas
             return done
 
         try:
-            yield dataclasses.replace(result, transactions=asyncio.run(replay()))
+            with collecting_less():  # a Python worker Spark may reuse: as it was, after
+                replayed = asyncio.run(replay())
+            yield dataclasses.replace(result, transactions=replayed)
         finally:
             sender.close()
 

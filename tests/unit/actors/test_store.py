@@ -97,3 +97,22 @@ def test_what_crosses_to_the_snapshot_process_makes_the_same_changes(
     assert all(len(kept) <= 2 for _, kept in versions)
     again = ChangedSince(dict(versions), dict(partitions))
     assert list(again) == list(taken)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([A, B, KeyRef("T", "c")]), _VALUES), max_size=30),
+       st.integers(min_value=0, max_value=30))  # fmt: skip
+def test_a_digest_kept_from_any_moment_is_the_one_kept_all_along(
+    writes: list[tuple[KeyRef, bytes | None]], start: int
+) -> None:
+    """A replay's store hashes its actors once, at the end: the digest it then keeps is the one
+    a store that hashed every write has."""
+    always, late = StateStore([P]), StateStore([P], track_digest=False)
+    for epoch, (ref, value) in enumerate(writes):
+        if epoch == start:
+            late.track_digest()
+        always.apply(ref, P, value, epoch)
+        late.apply(ref, P, value, epoch)
+    late.track_digest()
+    assert late.digest_total() == always.digest_total()
+    assert DigestSum(always.digest_total() or 0).hex() == state_digest(always.items())

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import gc
+
 import pytest
 from hypothesis import given, settings
 
@@ -34,3 +36,20 @@ def test_replay_refuses_a_log_written_by_other_code_unless_allowed() -> None:
         replay_command_log(app, _log([foreign]).epochs())
     _, replayed = replay_command_log(app, _log([foreign]).epochs(), allow_code_change=True)
     assert replayed == 1
+
+
+def test_replay_leaves_the_collector_as_it_found_it() -> None:
+    """A replay collects less while it runs (``collecting_less``), in the caller's process: after
+    it, refused or not, the collector runs as the caller had it."""
+    records = command_log([[]])
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    try:
+        gc.set_threshold(1_234, 7, 9)
+        replay_command_log(app, _log(records).epochs())
+        assert (gc.get_threshold(), gc.get_freeze_count()) == ((1_234, 7, 9), frozen)
+        foreign = EpochRecord(0, 0, 0, "other-code", ())
+        with pytest.raises(RecoveryError):
+            replay_command_log(app, _log([foreign]).epochs())
+        assert (gc.get_threshold(), gc.get_freeze_count()) == ((1_234, 7, 9), frozen)
+    finally:
+        gc.set_threshold(*before)
