@@ -285,7 +285,8 @@ class Context:
 def run_transaction(
     app: App, invocation: Invocation, reads: Mapping[KeyRef, bytes | None], clock: EpochClock
 ) -> TxnOutcome:
-    """Run one handler on ``reads`` (the canonical bytes of its keys at its timestamp)."""
+    """Run one handler on ``reads`` (the canonical bytes of its keys at its timestamp; it may
+    hold other keys too, the store itself, which the handler cannot name)."""
     inv = invocation
     if inv.error:
         return TxnOutcome(inv.epoch, inv.seq, inv.handler.name, False, _cut(inv.error),

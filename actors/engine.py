@@ -22,7 +22,7 @@ import msgspec
 from epochal.actors.api import App
 from epochal.actors.digest import DigestSum
 from epochal.actors.executor import EpochExecutor, Reads, runs_on, split_plan
-from epochal.actors.outcome import Emitted, TxnOutcome
+from epochal.actors.outcome import BY_EMIT_ORDER, BY_SEQ, Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import EpochClock, emitted_by, plan_epoch
 from epochal.actors.snapshots import Reported
@@ -183,14 +183,13 @@ class Engine:
                     ran[p] += 1
         by_partition = await self._unless_peers_fail(self.executor.run_epoch(clock, steps, self))
         self.executed = record.epoch
-        outcomes = tuple(sorted((o for part in by_partition.values() for o in part),
-                                key=lambda o: o.seq))  # fmt: skip
+        outcomes = tuple(sorted((o for part in by_partition.values() for o in part), key=BY_SEQ))
         if self.snapshots:
             self._reported.append(Reported.of(record, outcomes, carried))
         emitted = emitted_by(outcomes)
         if self.peers is not None:
             emitted += await self._exchange_emits(record.epoch, emitted)
-        self.carried = sorted(emitted, key=lambda e: (e.epoch, e.seq, e.index))
+        self.carried = sorted(emitted, key=BY_EMIT_ORDER)
         self.completed = record.epoch  # every other worker announced its end of this epoch
         changes = None
         if record.snapshot and self.snapshots:

@@ -31,7 +31,7 @@ from typing import Protocol
 
 from epochal.actors.api import App
 from epochal.actors.context import run_transaction
-from epochal.actors.outcome import TxnOutcome
+from epochal.actors.outcome import BY_SEQ, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import EpochClock, Invocation
 from epochal.actors.store import StateStore
@@ -164,7 +164,7 @@ class EpochExecutor:
                         still.append(index)
                 waiting = still
         for outcomes in reported.values():  # in timestamp order, whatever the arrival order
-            outcomes.sort(key=_seq)
+            outcomes.sort(key=BY_SEQ)
         return reported
 
     def _has_reads(self, step: Step) -> bool:
@@ -195,8 +195,11 @@ class EpochExecutor:
         reported: dict[PartitionId, list[TxnOutcome]],
     ) -> None:
         values = self.store.values
-        reads: Reads = {ref: values.get(ref) for ref in step.local_keys}
-        if remote:
+        reads: Mapping[KeyRef, bytes | None]
+        if len(step.workers) == 1:  # every key is here: the handler reads the store as it is
+            reads = values  # (it writes to its context; the writes are applied below)
+        else:
+            reads = {ref: values.get(ref) for ref in step.local_keys}
             reads.update(remote)
         RUNNING.invocation = step.invocation  # for the watchdog of a handler that hangs
         try:
@@ -210,10 +213,6 @@ class EpochExecutor:
                     self.store.apply(ref, step.partitions[local.index(ref)], value, epoch)
         if step.reporter is not None:
             reported[step.reporter].append(outcome)
-
-
-def _seq(outcome: TxnOutcome) -> int:
-    return outcome.seq
 
 
 class _Chains:

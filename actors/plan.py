@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import msgspec
 
 from epochal.actors.api import App, Handler
-from epochal.actors.outcome import AbortKind, Emitted, TxnOutcome
+from epochal.actors.outcome import BY_EMIT_ORDER, AbortKind, Emitted, TxnOutcome
 from epochal.errors import RecoveryError
 from epochal.schemas.commands import CommandTxn, EpochRecord, InputPosition, KeyRef, Origin
 
@@ -66,7 +66,7 @@ class Invocation:
 def emitted_by(outcomes: Iterable[TxnOutcome]) -> list[Emitted]:
     """The events committed transactions emitted, in (parent timestamp, emit index) order."""
     found = [e for o in outcomes if o.committed for e in o.emits]
-    return sorted(found, key=lambda e: (e.epoch, e.seq, e.index))
+    return sorted(found, key=BY_EMIT_ORDER)
 
 
 def _decoded(handler: Handler, data: bytes) -> tuple[object, str]:
@@ -80,7 +80,7 @@ def _decoded(handler: Handler, data: bytes) -> tuple[object, str]:
 def interior_seqs(carried: Iterable[Emitted]) -> list[tuple[int, Emitted]]:
     """The interior transactions an epoch starts with, each with its seq: (parent timestamp,
     emit index) order, seqs -k..-1."""
-    ordered = sorted(carried, key=lambda e: (e.epoch, e.seq, e.index))
+    ordered = sorted(carried, key=BY_EMIT_ORDER)
     return [(i - len(ordered), emitted) for i, emitted in enumerate(ordered)]
 
 
