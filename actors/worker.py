@@ -309,10 +309,16 @@ class Worker:
         part is written only after its egress commits), so any snapshot read is safe to resume
         from. In weak mode a snapshot's egress is released after it commits, so the snapshot is
         read only once the fence stops the last generation's workers from releasing any more."""
-        if self.weak:
-            egress = await self._start_egress(phases)
+        if self.weak:  # weak mode has no command log to amend
+            egress = await self._start_egress(phases, amending=None)
             return egress, await self._read_snapshot()
-        egress, snapshot = await asyncio.gather(self._start_egress(phases), self._read_snapshot())
+        # the operator's amendments need no fence either: read them meanwhile (a new client's
+        # first metadata request can take half a second after a kill)
+        loop = asyncio.get_running_loop()
+        amending = loop.run_in_executor(None, read_amendments, self.clients, self.app.name)
+        egress, snapshot = await asyncio.gather(
+            self._start_egress(phases, amending), self._read_snapshot()
+        )
         return egress, snapshot
 
     async def _read_snapshot(self) -> tuple[Restored | None, float]:
@@ -350,10 +356,11 @@ class Worker:
         return manifest
 
     async def _start_egress(
-        self, phases: StartPhases
+        self, phases: StartPhases, amending: asyncio.Future[Amendments] | None
     ) -> tuple[dict[PartitionId, EgressWriter], KeyRanges]:
         """Open this worker's egress writers, learn where each resumes and, in strong mode,
-        read the operator's amendments; each step timed for the start line."""
+        take the operator's amendments (``amending``, read meanwhile); each step timed for the
+        start line."""
         config = self.config
         loop = asyncio.get_running_loop()
         mine = partitions_of(config.worker, config.partitions, config.workers)
@@ -363,10 +370,8 @@ class Worker:
         phases.done("fence")
         ranges = await loop.run_in_executor(None, self._egress_positions, writers)
         phases.done("positions")
-        if not self.weak:  # weak mode has no command log to amend
-            self.amendments = await loop.run_in_executor(
-                None, read_amendments, self.clients, self.app.name
-            )
+        if amending is not None:
+            self.amendments = await amending
             phases.done("amendments")
         return writers, ranges
 
