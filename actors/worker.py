@@ -91,9 +91,20 @@ class Worker:
         self.config = config
         self.snapshots = snapshots
         self.clients = KafkaClients(kafka)
-        self.code_hash = app.code_hash()  # reads source files: once, not per epoch
-        self.amendments = Amendments()  # read at start: skipped transactions, re-coded epochs
         self.weak = bool(config.feed)  # weak recovery: epochs from the sequencer, egress held
+        # what the start waits on the broker for begins now, in threads, while the rest starts:
+        # fencing the last generation's egress writers (after a kill, half a second for the
+        # broker to abort their open transactions), and reading the operator's amendments
+        # (skipped transactions, re-coded epochs; weak mode has no command log to amend)
+        starting = ThreadPoolExecutor(2, "worker-start")
+        mine = partitions_of(config.worker, config.partitions, config.workers)
+        self._egress_opened = starting.submit(self._open_egress, mine)
+        self._amendments_read = (
+            None if self.weak else starting.submit(read_amendments, self.clients, app.name)
+        )
+        starting.shutdown(wait=False)
+        self.amendments = Amendments()  # until they are read
+        self.code_hash = app.code_hash()  # reads source files: once, not per epoch
         if self.weak and snapshots is None:
             raise ConfigError("weak recovery needs snapshots: they release its egress")
         self.metrics = Metrics(app=app.name, worker=str(config.worker))
@@ -309,16 +320,10 @@ class Worker:
         part is written only after its egress commits), so any snapshot read is safe to resume
         from. In weak mode a snapshot's egress is released after it commits, so the snapshot is
         read only once the fence stops the last generation's workers from releasing any more."""
-        if self.weak:  # weak mode has no command log to amend
-            egress = await self._start_egress(phases, amending=None)
+        if self.weak:
+            egress = await self._start_egress(phases)
             return egress, await self._read_snapshot()
-        # the operator's amendments need no fence either: read them meanwhile (a new client's
-        # first metadata request can take half a second after a kill)
-        loop = asyncio.get_running_loop()
-        amending = loop.run_in_executor(None, read_amendments, self.clients, self.app.name)
-        egress, snapshot = await asyncio.gather(
-            self._start_egress(phases, amending), self._read_snapshot()
-        )
+        egress, snapshot = await asyncio.gather(self._start_egress(phases), self._read_snapshot())
         return egress, snapshot
 
     async def _read_snapshot(self) -> tuple[Restored | None, float]:
@@ -356,22 +361,18 @@ class Worker:
         return manifest
 
     async def _start_egress(
-        self, phases: StartPhases, amending: asyncio.Future[Amendments] | None
+        self, phases: StartPhases
     ) -> tuple[dict[PartitionId, EgressWriter], KeyRanges]:
-        """Open this worker's egress writers, learn where each resumes and, in strong mode,
-        take the operator's amendments (``amending``, read meanwhile); each step timed for the
-        start line."""
-        config = self.config
+        """This worker's egress writers once open, where each resumes and, in strong mode, the
+        operator's amendments; each step timed for the start line. Off the loop: one blocked
+        past the failure bound leaves the group."""
         loop = asyncio.get_running_loop()
-        mine = partitions_of(config.worker, config.partitions, config.workers)
-        # off the loop: fencing the last generation's producers waits for the broker to abort
-        # their open transactions, and a loop blocked past the failure bound leaves the group
-        writers = await loop.run_in_executor(None, self._open_egress, mine)
+        writers = await asyncio.wrap_future(self._egress_opened)
         phases.done("fence")
         ranges = await loop.run_in_executor(None, self._egress_positions, writers)
         phases.done("positions")
-        if amending is not None:
-            self.amendments = await amending
+        if self._amendments_read is not None:
+            self.amendments = await asyncio.wrap_future(self._amendments_read)
             phases.done("amendments")
         return writers, ranges
 

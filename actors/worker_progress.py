@@ -23,10 +23,10 @@ class StartPhases:
     """Seconds of each step of a worker's start, for its ``worker started`` line: where a
     rollback's time goes. ``fence``: the egress writers opened, which fences the last
     generation's; ``positions``: where each resumes read; ``amendments``: the operator's
-    amendments (strong mode), read meanwhile: what reading them took beyond those steps;
-    ``snapshot``: the latest loaded (it is read meanwhile too: what reading it took beyond
-    those steps, and loading it); ``peers``: the other workers connected, the command log or
-    epoch feed opened."""
+    amendments read (strong mode); ``snapshot``: the latest loaded; ``peers``: the other
+    workers connected, the command log or epoch feed opened. The fence and the amendments
+    begin as the worker process starts, the snapshot is read meanwhile: each counts what it
+    took beyond the steps before it."""
 
     def __init__(self) -> None:
         self._last = time.perf_counter()
