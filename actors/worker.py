@@ -92,19 +92,21 @@ class Worker:
         self.snapshots = snapshots
         self.clients = KafkaClients(kafka)
         self.weak = bool(config.feed)  # weak recovery: epochs from the sequencer, egress held
-        # what the start waits on the broker for begins now, in threads, while the rest starts:
-        # fencing the last generation's egress writers (after a kill, half a second for the
-        # broker to abort their open transactions), and reading the operator's amendments
-        # (skipped transactions, re-coded epochs; weak mode has no command log to amend)
-        starting = ThreadPoolExecutor(2, "worker-start")
+        # what the start waits on the broker and the warehouse for begins now, in threads, while
+        # the rest starts: fencing the last generation's egress writers (after a kill, half a
+        # second for the broker to abort their open transactions), reading the operator's
+        # amendments (skipped transactions, re-coded epochs) and, in strong mode, the latest
+        # snapshot (see _egress_and_snapshot; weak mode has no command log to amend either)
+        starting = ThreadPoolExecutor(3, "worker-start")
         mine = partitions_of(config.worker, config.partitions, config.workers)
         self._egress_opened = starting.submit(self._open_egress, mine)
         self._amendments_read = (
             None if self.weak else starting.submit(read_amendments, self.clients, app.name)
         )
-        starting.shutdown(wait=False)
         self.amendments = Amendments()  # until they are read
         self.code_hash = app.code_hash()  # reads source files: once, not per epoch
+        self._snapshot_read = None if self.weak else starting.submit(self._read_snapshot)
+        starting.shutdown(wait=False)
         if self.weak and snapshots is None:
             raise ConfigError("weak recovery needs snapshots: they release its egress")
         self.metrics = Metrics(app=app.name, worker=str(config.worker))
@@ -320,23 +322,22 @@ class Worker:
         part is written only after its egress commits), so any snapshot read is safe to resume
         from. In weak mode a snapshot's egress is released after it commits, so the snapshot is
         read only once the fence stops the last generation's workers from releasing any more."""
-        if self.weak:
-            egress = await self._start_egress(phases)
-            return egress, await self._read_snapshot()
-        egress, snapshot = await asyncio.gather(self._start_egress(phases), self._read_snapshot())
-        return egress, snapshot
+        egress = await self._start_egress(phases)
+        if self._snapshot_read is None:  # weak mode: read once fenced
+            return egress, await asyncio.get_running_loop().run_in_executor(
+                None, self._read_snapshot
+            )
+        return egress, await asyncio.wrap_future(self._snapshot_read)
 
-    async def _read_snapshot(self) -> tuple[Restored | None, float]:
-        """The latest complete snapshot (worker 0 makes sure the tables exist first), read off
-        the loop, and the seconds that took; None if there is none (or no snapshots)."""
+    def _read_snapshot(self) -> tuple[Restored | None, float]:
+        """The latest complete snapshot (worker 0 makes sure the tables exist first), and the
+        seconds reading it took; None if there is none (or no snapshots). Off the loop."""
         if self.snapshots is None:
             return None, 0.0
-        loop = asyncio.get_running_loop()
         started = time.perf_counter()
         if self.config.worker == 0:
-            await loop.run_in_executor(None, self.snapshots.ensure_tables, self.code_hash)
-        restored = await loop.run_in_executor(None, self.snapshots.restore)
-        return restored, time.perf_counter() - started
+            self.snapshots.ensure_tables(self.code_hash)
+        return self.snapshots.restore(), time.perf_counter() - started
 
     def _resume(self, engine: Engine, restored: Restored | None, read_s: float) -> Manifest | None:
         """Load ``restored`` (read in ``read_s``) into ``engine``; None without one: replay

@@ -24,8 +24,8 @@ class StartPhases:
     rollback's time goes. ``fence``: the egress writers opened, which fences the last
     generation's; ``positions``: where each resumes read; ``amendments``: the operator's
     amendments read (strong mode); ``snapshot``: the latest loaded; ``peers``: the other
-    workers connected, the command log or epoch feed opened. The fence and the amendments
-    begin as the worker process starts, the snapshot is read meanwhile: each counts what it
+    workers connected, the command log or epoch feed opened. The fence, the amendments and (in
+    strong mode) the snapshot's read begin as the worker process starts: each counts what it
     took beyond the steps before it."""
 
     def __init__(self) -> None:
