@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-epoch", type=int, default=5000, help="transactions an epoch")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each (median)")
     parser.add_argument("--masters", nargs="+", default=["local[1]", "local[2]"])
-    parser.add_argument("--port", type=int, default=39392, help="port of the local broker")
+    parser.add_argument("--port", type=int, default=19592, help="port of the local broker")
     parser.add_argument("--out", default="bench/results", help="where the JSON and PNG go")
     args = parser.parse_args(argv)
 

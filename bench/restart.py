@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=8, help="seconds before the kill")
     parser.add_argument("--after", type=float, default=20, help="seconds fed after the kill")
     parser.add_argument("--kill-worker", type=int, default=1, help="which worker gets kill -9")
-    parser.add_argument("--port", type=int, default=39492, help="local broker (and port + 1)")
+    parser.add_argument("--port", type=int, default=19692, help="local broker (and port + 1)")
     parser.add_argument("--ports", type=int, default=29500,
                         help="metrics from here, worker ports from here + 10")  # fmt: skip
     parser.add_argument("--bootstrap", help="an existing broker (default: a local one)")
