@@ -112,7 +112,7 @@ from epochal.schemas.status import ProcessState, SupervisorStatus
 from epochal.stop import StopRecord, stop_file, write_stop
 from epochal.watch import BrokerOutage, GroupWatch, OutageChange
 
-__all__ = ["RollbackBackoff", "Supervisor"]
+__all__ = ["CHILD_PRELOAD", "RollbackBackoff", "Supervisor"]
 
 logger = logging.getLogger(__name__)
 _TICK_S = 0.1
@@ -310,12 +310,18 @@ def _frozen(processes: list[BaseProcess], indexes: list[int]) -> str:
     return f" (workers {', '.join(str(w) for w in stopped)} are stopped by a signal)"
 
 
+CHILD_PRELOAD = ("epochal.supervisor", "epochal.actors.worker", "pyarrow.dataset")
+"""What the fork server imports once for every child: the engine, and what a worker's first
+snapshot read imports (delta-rs reads through ``pyarrow.dataset``, which brings pandas: 0.15 s
+of every rollback, imported by each new worker)."""
+
+
 def _children_context() -> multiprocessing.context.ForkServerContext:
     """Workers and the sequencer fork from a server that imported the engine once, so each
     starts in milliseconds: a fresh interpreter and its imports took most of a second of every
     rollback and start. The server exits with the supervisor, and its children with it."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["epochal.supervisor"])
+    context.set_forkserver_preload(list(CHILD_PRELOAD))
     return context
 
 
