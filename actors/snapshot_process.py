@@ -37,8 +37,8 @@ import msgspec
 
 from epochal.actors.lifecycle import die_with_parent, set_title
 from epochal.actors.snapshots import Reported, Restored, Snapshots
-from epochal.actors.store import Change, ChangedSince
-from epochal.schemas.commands import EpochRecord, KeyRef, PartitionId
+from epochal.actors.store import Change, ChangedSince, ChangeEnds
+from epochal.schemas.commands import EpochRecord
 from epochal.schemas.snapshots import Manifest, OutboxRow, SnapshotPart
 
 __all__ = ["ForkedSnapshots", "SnapshotProcessError", "snapshots_beside"]
@@ -59,8 +59,7 @@ class _Write(msgspec.Struct, tag="write", frozen=True):
 
     ssid: int
     worker: int
-    versions: list[tuple[KeyRef, list[tuple[int, bytes | None]]]]
-    partition_of: list[tuple[KeyRef, PartitionId]]
+    ends: ChangeEnds | None
     changes: list[Change]
     commands: list[EpochRecord]
     outbox: list[OutboxRow]
@@ -157,18 +156,16 @@ class ForkedSnapshots:
         reported: Sequence[Reported] = (),
         archived: Sequence[msgspec.Raw] = (),
     ) -> SnapshotPart:
-        versions: list[tuple[KeyRef, list[tuple[int, bytes | None]]]] = []
-        partition_of: list[tuple[KeyRef, PartitionId]] = []
+        ends: ChangeEnds | None = None
         listed: list[Change] = []
-        if isinstance(changes, ChangedSince):  # as lists, the versions compared over there
-            versions, partition_of = changes.kept()
+        if isinstance(changes, ChangedSince):  # as columns, the versions compared over there
+            ends = changes.ends()
         else:
             listed = list(changes)
         call = _Write(
             ssid,
             worker,
-            versions,
-            partition_of,
+            ends,
             listed,
             list(commands),
             list(outbox),
@@ -270,8 +267,8 @@ def _run(snapshots: Snapshots, call: _Call) -> Any:
     match call:
         case _Write():
             changes: Sequence[Change] = call.changes
-            if call.versions:
-                changes = ChangedSince(dict(call.versions), dict(call.partition_of))
+            if call.ends is not None:
+                changes = ChangedSince.of_ends(call.ends)
             return snapshots.write(
                 call.ssid,
                 call.worker,
