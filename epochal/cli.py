@@ -14,7 +14,9 @@ import contextlib
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -471,8 +473,6 @@ def _status(args: argparse.Namespace) -> int:
 def _serve_status(reader: StatusReader, warehouse: Warehouse, port: int, token: str) -> int:
     """The status page until Ctrl-C or SIGTERM (``epochal/status_page.py``)."""
     import contextlib
-    import signal
-    import threading
 
     from epochal.status import recent_snapshots
     from epochal.status_page import StatusPage, serve_status
@@ -747,21 +747,30 @@ def _print_actors(app: App, actor_type: str, actors: list[tuple[object, Any]], l
 def _demo(args: argparse.Namespace) -> int:
     from epochal.demo import run_demo  # pulls in Spark; only this command needs it
 
-    _apps_from_working_directory()  # the demo runs examples/bank from the checkout
-    return run_demo(_cache(args), _broker(args), Path(args.warehouse), console)
+    checkout = _checkout_root("demo", "examples/bank/app.py")  # it runs the bank example
+    return run_demo(_cache(args), _broker(args), Path(args.warehouse), console, checkout)
 
 
-def _bench(args: argparse.Namespace) -> int:
-    """The benchmarks live beside the package in a checkout (``bench/``), not in a wheel."""
+def _checkout_root(command: str, needs: str) -> Path:
+    """The checkout of epochal this package runs from, put on ``sys.path`` whatever the working
+    directory: ``bench/`` and ``examples/`` are beside the package in a checkout, not in a
+    wheel."""
     root = Path(__file__).resolve().parent.parent
-    if not (root / "bench" / "cli.py").is_file():
+    if not (root / needs).is_file():
+        folder = Path(needs).parts[0]
         raise ConfigError(
-            "epochal bench runs from a checkout of epochal (its bench/ folder is not "
-            "installed): clone the repository and run it from there",
+            f"epochal {command} runs from a checkout of epochal (its {folder}/ folder is not "
+            "installed): clone the repository and run it there (./dev demo sets it up)",
             looked_in=str(root),
         )
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
+    return root
+
+
+def _bench(args: argparse.Namespace) -> int:
+    """The benchmarks live beside the package in a checkout (``bench/``), not in a wheel."""
+    _checkout_root("bench", "bench/cli.py")
     bench: Any = importlib.import_module("bench.cli")
     return int(bench.main(args.arguments))
 
@@ -1087,6 +1096,8 @@ def main(argv: Sequence[str] | None = None, *, exit_at_once: bool = False) -> in
         handlers = [RichHandler(console=console)]
         logging.basicConfig(level=level, format="%(message)s", handlers=handlers)
     logging.getLogger("epochal.librdkafka").setLevel(max(level, logging.ERROR))
+    if args.command in ("demo", "bench") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         code: int = args.handler(args)
     except EpochalError as exc:
@@ -1095,6 +1106,12 @@ def main(argv: Sequence[str] | None = None, *, exit_at_once: bool = False) -> in
     if exit_at_once and args.command in _ARROW_COMMANDS:
         _exit_now(code)
     return code
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM ends a demo or a benchmark as Ctrl-C does: what it started (a local broker, a
+    cluster) is stopped on the way out, not left running without it."""
+    raise SystemExit(128 + signum)
 
 
 def entry() -> None:

@@ -57,8 +57,11 @@ OPENING = 1_000
 TRANSFERS_PER_ROUND = 10_000
 
 
-def run_demo(cache: CacheConfig, broker: LocalBroker, warehouse: Path, console: Console) -> int:
-    """Run the demo; stops the broker at the end only if this run started it."""
+def run_demo(
+    cache: CacheConfig, broker: LocalBroker, warehouse: Path, console: Console, checkout: Path
+) -> int:
+    """Run the demo of the ``examples/`` in ``checkout``; stops the broker at the end only if
+    this run started it."""
     with console.status("fetching jars (first run only)"):
         for jar_set in JarSet:
             fetch_jars(cache, jar_set)
@@ -69,7 +72,8 @@ def run_demo(cache: CacheConfig, broker: LocalBroker, warehouse: Path, console: 
         + ("" if started else " (already running)")
     )
     try:
-        return _Demo(cache, broker.config.bootstrap, warehouse.resolve(), console).run()
+        demo = _Demo(cache, broker.config.bootstrap, warehouse.resolve(), console, checkout)
+        return demo.run()
     finally:
         if started:
             broker.stop()
@@ -77,9 +81,10 @@ def run_demo(cache: CacheConfig, broker: LocalBroker, warehouse: Path, console: 
 
 class _Demo:
     def __init__(
-        self, cache: CacheConfig, bootstrap: str, warehouse: Path, console: Console
+        self, cache: CacheConfig, bootstrap: str, warehouse: Path, console: Console, checkout: Path
     ) -> None:
         self.cache = cache
+        self.checkout = checkout
         self.bootstrap = bootstrap
         self.clients = KafkaClients(KafkaConfig(bootstrap))
         self.console = console
@@ -130,7 +135,9 @@ class _Demo:
                    "--failure-timeout-ms", "6000",
                    "--query-port", str(self.query_port)]  # fmt: skip
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child keeps it open
-        cluster = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        paths = [str(self.checkout), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+        cluster = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.console.print(
             f"[green]✓[/] epochal run examples.bank.app:app as {self.name!r}: 2 workers, "
             f"4 partitions, a snapshot every second to {self.warehouse / self.name}, live "
