@@ -111,13 +111,15 @@ class _Demo:
             for topic in egress
         ]
         cluster = self._start_cluster()
-        reader = SnapshotReader(SnapshotConfig(str(self.warehouse)), self.name)
-        client = Client(self.app, f"127.0.0.1:{self.query_port}", kafka=self.clients.config,
-                        snapshots=reader, timeout_s=60)  # fmt: skip
-        try:
-            rounds = [self._round(consumers, number, client) for number in (1, 2)]
+        try:  # whatever ends the rounds (SIGTERM included) stops the cluster
+            reader = SnapshotReader(SnapshotConfig(str(self.warehouse)), self.name)
+            client = Client(self.app, f"127.0.0.1:{self.query_port}", kafka=self.clients.config,
+                            snapshots=reader, timeout_s=60)  # fmt: skip
+            try:
+                rounds = [self._round(consumers, number, client) for number in (1, 2)]
+            finally:
+                client.close()
         finally:
-            client.close()
             for consumer in consumers:
                 consumer.close()
             cluster.send_signal(signal.SIGTERM)
@@ -137,14 +139,13 @@ class _Demo:
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child keeps it open
         paths = [str(self.checkout), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-        cluster = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.console.print(
             f"[green]✓[/] epochal run examples.bank.app:app as {self.name!r}: 2 workers, "
             f"4 partitions, a snapshot every second to {self.warehouse / self.name}, live "
             f"queries on 127.0.0.1:{self.query_port} and :{self.query_port + 1} "
             f"(log: {self.log_path})"
         )
-        return cluster
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     @property
     def log_path(self) -> Path:

@@ -167,7 +167,12 @@ class LocalBroker:
                 )
         self._prepare(java, jars)
         process = self._process = self._launch(java, jars)
-        self._wait_until_ready(process)
+        try:
+            self._wait_until_ready(process)
+        except BaseException:  # interrupted (SIGTERM, Ctrl-C) while it starts: none left behind
+            if process.poll() is None:
+                self.stop()
+            raise
         logger.info("broker started bootstrap=%s pid=%s", self.config.bootstrap, process.pid)
         return True
 

@@ -1,9 +1,11 @@
 """``epochal demo`` as a user meets it: run from any directory (the bank example comes from the
 checkout the package is installed from, not from the working directory), and stopped by SIGTERM
-the way Ctrl-C stops it: the cluster and the broker it started go with it."""
+the way Ctrl-C stops it: the cluster and the broker it started go with it. ``epochal bench``
+stops its broker on SIGTERM too."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -15,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from epochal.config import CacheConfig
-from tests.conftest import free_port_pair
+from tests.conftest import free_port_pair, free_ports
 from tests.integration.cluster import wait_until
 
 pytestmark = pytest.mark.integration
@@ -38,13 +40,20 @@ def _running_with(name: str) -> list[int]:
     return found
 
 
+def _kill_all_under(folder: Path) -> None:
+    """SIGKILL every process whose command line names ``folder`` (its data, logs or run dir)."""
+    for pid in _running_with(str(folder)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_the_demo_runs_from_any_directory_and_sigterm_stops_what_it_started(
     tmp_path: Path, own_cache: CacheConfig
 ) -> None:
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a user's shell
-    env["EPOCHAL_CACHE"] = str(own_cache.root)
+    env |= {"EPOCHAL_CACHE": str(own_cache.root), "TMPDIR": str(tmp_path)}
     port = free_port_pair()
     log_path = fresh / "demo.log"
     with log_path.open("w") as log:
@@ -74,5 +83,36 @@ def test_the_demo_runs_from_any_directory_and_sigterm_stops_what_it_started(
         if demo.poll() is None:
             demo.kill()
             demo.wait(30)
-        stop = [EPOCHAL, "kafka", "stop", "--port", str(port)]  # whatever a failure left
-        subprocess.run(stop, env=env, capture_output=True, timeout=60, check=False)
+        _kill_all_under(tmp_path)  # whatever a failure left
+
+
+def test_a_benchmark_stopped_by_sigterm_stops_the_broker_it_started(
+    tmp_path: Path, own_cache: CacheConfig
+) -> None:
+    env = {**os.environ, "EPOCHAL_CACHE": str(own_cache.root), "TMPDIR": str(tmp_path)}
+    port = free_port_pair()
+    bench = [EPOCHAL, "bench", "bank", "--transfers", "200000", "--workers", "1", "--repeats",
+             "1", "--no-baselines", "--port", str(port), "--port-base", str(free_ports(10)),
+             "--out", str(tmp_path / "results")]  # fmt: skip
+    log_path = tmp_path / "bench.log"
+    with log_path.open("w") as log:
+        run = subprocess.Popen(bench, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def broker_up() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    try:
+        wait_until(broker_up, timeout_s=120, what="the benchmark's broker did not start",
+                   alive=lambda: run.poll() is None, log=log_path.read_text)  # fmt: skip
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(90) == 128 + signal.SIGTERM, log_path.read_text()
+        assert not broker_up(), "the benchmark's broker outlived it"
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(30)
+        _kill_all_under(tmp_path)  # whatever a failure left
