@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
+
+import msgspec
 
 from epochal.actors.api import App
 from epochal.actors.context import run_transaction
@@ -51,12 +52,11 @@ class Exchange(Protocol):
     async def flush(self) -> None: ...
 
 
-@dataclass(slots=True)
-class Step:
+class Step(msgspec.Struct):
     """One transaction as one worker sees it: the participating workers and its own keys.
 
     ``partitions[i]`` owns ``local_keys[i]``; ``reporter`` is the partition that reports the
-    outcome if this worker owns it, else None.
+    outcome if this worker owns it, else None. A struct: one is made per transaction.
     """
 
     invocation: Invocation

@@ -43,12 +43,12 @@ class EpochClock:
         return cls(record.epoch, record.now_ms, record.seed)
 
 
-@dataclass(slots=True)  # not frozen: a frozen dataclass's init costs a setattr per field
-class Invocation:
+class Invocation(msgspec.Struct):
     """One transaction to run at ``(epoch, seq)``; ``error`` set means it aborts as planned.
 
     ``event`` is decoded afresh for each run: a handler that changes its event changes only its
-    own copy. ``source``/``request_id`` name the input it came from (for egress).
+    own copy. ``source``/``request_id`` name the input it came from (for egress). A struct:
+    one is made per transaction, four times as fast as a dataclass.
     """
 
     epoch: int

@@ -412,7 +412,7 @@ def _compare(want: EpochResult, got: EpochResult, where: str) -> None:
     """AssertionError at the first outcome (then digest) of one epoch that differs."""
     for a, b in zip(want.outcomes, got.outcomes, strict=False):
         if a != b:
-            field = next(f for f in TxnOutcome.__dataclass_fields__
+            field = next(f for f in TxnOutcome.__struct_fields__
                          if getattr(a, f) != getattr(b, f))  # fmt: skip
             raise AssertionError(
                 f"not deterministic: epoch {a.epoch} seq {a.seq} (handler {a.handler!r}) "

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-from dataclasses import replace
-
+import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -79,6 +78,8 @@ def test_a_worker_plans_exactly_the_transactions_it_runs(
         for accounts in key_sets:
             keys = tuple(sorted({KeyRef("Account", a) for a in accounts}))
             (invocation,) = plan_epoch(app, command_log([[], [Deposit(1, 5)]])[1], [])
-            step = split_plan([replace(invocation, keys=keys)], ranges, worker_of, worker)
+            step = split_plan(
+                [msgspec.structs.replace(invocation, keys=keys)], ranges, worker_of, worker
+            )
             assert runs_here(keys) == bool(step), (keys, worker)
     assert runs_on(ranges, (0, 0, 0, 0), 0) is None  # one worker runs everything
