@@ -760,7 +760,7 @@ def _checkout_root(command: str, needs: str) -> Path:
         folder = Path(needs).parts[0]
         raise ConfigError(
             f"epochal {command} runs from a checkout of epochal (its {folder}/ folder is not "
-            "installed): clone the repository and run it there (./dev demo sets it up)",
+            "installed): clone the repository and run it there (its ./dev sets everything up)",
             looked_in=str(root),
         )
     if str(root) not in sys.path:
