@@ -101,3 +101,15 @@ def test_fewer_partitions_than_workers_is_refused_before_anything_starts(
     assert main(["run", "examples.bank.app:app", *layout, "--bootstrap", "x:1"]) == 1
     told = " ".join(capsys.readouterr().err.split())
     assert said in told and "a worker would own no partition" in told
+
+
+def test_demo_and_bench_outside_a_checkout_say_so_and_what_to_do() -> None:
+    """From a wheel (no ``examples/`` nor ``bench/`` beside the package) both commands stop at
+    once with what is missing and where to run them instead."""
+    from epochal.cli import _checkout_root
+    from epochal.errors import ConfigError
+
+    said = r"epochal demo runs from a checkout.*its nowhere/ folder is not installed.*\./dev"
+    with pytest.raises(ConfigError, match=said):
+        _checkout_root("demo", "nowhere/app.py")
+    assert (_checkout_root("bench", "bench/cli.py") / "examples" / "bank").is_dir()
