@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Sequence
 
 import msgspec
 
 from epochal.actors.api import App
 from epochal.actors.egress import DEAD_LETTER_PARTITION, egress_records, held_dead_letters
+from epochal.actors.egress_release import EgressRelease
 from epochal.actors.engine import Engine, EpochResult
 from epochal.actors.outcome import Emitted
 from epochal.actors.snapshots import SnapshotCommitter, Snapshots, SnapshotTaker, with_log_position
@@ -69,6 +71,16 @@ class SnapshotSide:
         self._tasks: set[asyncio.Future[None]] = set()
         self._error: BaseException | None = None
         self.committed_ssid = -1  # the latest snapshot known committed (worker 0 tells)
+        self.egress: EgressRelease | None = None  # strong mode: parts wait for their egress
+        self._owed: deque[int] = deque()  # per part being written: the position it covers
+        self._written_parts: deque[tuple[SnapshotPart, float]] = deque()  # waiting for egress
+
+    def wait_for_egress(self, release: EgressRelease) -> None:
+        """Strong mode: hand each written part on only once ``release`` has committed the
+        egress of the epochs it covers: a committed snapshot never holds state whose egress
+        is not out, so a start may read any committed snapshot while it fences the writers."""
+        self.egress = release
+        release.on_released.append(lambda position: self._hand_on())
 
     @property
     def busy(self) -> bool:
@@ -98,6 +110,7 @@ class SnapshotSide:
     def take(self, logged: LoggedEpoch, changes: Sequence[Change], carried: list[Emitted]) -> None:
         record, position = logged.record, logged.position + 1
         self.last_epoch = record.epoch
+        self._owed.append(position)
         archived, self._epochs = self._epochs, []
         outbox, self._held = self._held, []
         reported = self.engine.take_reported()
@@ -122,6 +135,18 @@ class SnapshotSide:
                             reported=reported)  # fmt: skip
 
     def _written(self, part: SnapshotPart, seconds: float) -> None:
+        self._written_parts.append((part, seconds))
+        self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Hand on the parts written whose egress is out, in the order they were taken."""
+        while self._written_parts and (
+            self.egress is None or self.egress.released >= self._owed[0]
+        ):
+            self._owed.popleft()
+            self._deliver(*self._written_parts.popleft())
+
+    def _deliver(self, part: SnapshotPart, seconds: float) -> None:
         self.metrics.inc("epochal_snapshot_write_seconds_sum", seconds)
         self.metrics.inc("epochal_snapshot_actors_total", part.changed)
         self.metrics.inc("epochal_snapshot_bytes_total", sum(f.size for f in part.files))
@@ -174,6 +199,8 @@ class SnapshotSide:
     def check(self) -> None:
         if self._error is not None:
             raise self._error
+        if self.egress is not None:
+            self.egress.check()
         self.taker.check()
         if self.committer is not None:
             self.committer.check()

@@ -2,9 +2,11 @@
 
 The loop reads like the protocol: poll the command log (``read_committed``) → check that each
 epoch follows the last one → execute it on this worker's partitions (exchanging reads and emits
-with the other workers) → hand each partition's egress to its transactional writer → commit
-egress every ``egress_interval_ms``, or sooner once a writer holds ``MAX_PENDING_EGRESS`` records
-(a backlog of any size drains in bounded transactions).
+with the other workers) → hand each partition's egress to its transactional writer → release
+egress every ``egress_interval_ms`` (at once when the log is read to its end), or sooner once a
+writer holds ``MAX_PENDING_EGRESS`` records (a backlog of any size drains in bounded
+transactions). Egress commits run off the loop, one at a time (:class:`EgressRelease`): the loop
+executes the next epochs while the broker commits.
 
 A worker runs the layout (which partition owns which keys) the supervisor recorded with the
 egress positions before the generation started, the same in every worker. It starts from the
@@ -40,6 +42,7 @@ from epochal.actors.egress import (
     layout_in_force,
     stage_egress,
 )
+from epochal.actors.egress_release import EgressRelease
 from epochal.actors.engine import Engine, EpochResult, partitions_of
 from epochal.actors.interior_ticker import InteriorTicker
 from epochal.actors.lifecycle import collect_less
@@ -197,6 +200,7 @@ class Worker:
         self._report_status(ranges, engine.partitions, progress)
         poller, head = await self._epochs_from(progress, writers, resumed)
         phases.done("peers")
+        release = _released_in_background(writers, None if self.weak else taking)
         recovery = CatchUp(self.metrics, config.worker, progress.next, head, started=started,
                            resumed=resumed, queries=queries)  # fmt: skip
         ticker = InteriorTicker(self.clients, self.app, config)
@@ -207,27 +211,29 @@ class Worker:
                     phases)  # fmt: skip
         try:
             while not should_stop():
-                _check(peers, taking)
+                _check(peers, taking, release)
                 epochs = await self._poll(poller, should_stop)
                 for logged in epochs:
-                    await self._epoch(engine, logged, writers, taking, progress)
+                    await self._epoch(engine, logged, writers, taking=taking, progress=progress,
+                                      release=release)  # fmt: skip
                 recovery.after_poll(progress.next, bool(epochs))
                 # egress goes out on an interval, or at once when the log is read to its end
                 # (nothing to batch it with, and waiting is all latency)
                 due = (bool(epochs) and poller.drained) or (
-                    time.monotonic() - progress.committed_at >= config.egress_interval_ms / 1000
+                    time.monotonic() - release.committed_at >= config.egress_interval_ms / 1000
                 )
                 if due and not self.weak:  # weak: egress goes out when a snapshot commits
-                    await progress.commit(writers)
+                    release.up_to(progress.next)
                 ticker.after_poll(bool(epochs), progress.epoch - 1, bool(engine.carried))
                 if progress.final is not None:
                     await _end_at_savepoint(peers, taking, progress.final)
                     break
             if not self.weak:
-                await progress.commit(writers)
+                await release.through(progress.next)
         finally:
             poller.close()
             ticker.close()
+            await release.settle()
             await _close(taking, writers, peers, queries)
 
     def _report_status(
@@ -272,8 +278,10 @@ class Worker:
         engine: Engine,
         logged: LoggedEpoch,
         writers: dict[PartitionId, EgressWriter],
+        *,
         taking: SnapshotSide | None,
         progress: Progress,
+        release: EgressRelease,
     ) -> None:
         """One epoch: check it follows → execute → stage egress → maybe snapshot."""
         progress.epoch = _follows(logged, progress.epoch)
@@ -292,9 +300,10 @@ class Worker:
             stage_egress(self.app, writers, logged, result)
         progress.next = logged.position + 1
         snapshot = result.changes if taking is not None else None
-        full = any(w.pending >= MAX_PENDING_EGRESS for w in writers.values())
-        if not self.weak and (snapshot is not None or full):
-            await progress.commit(writers)  # a snapshot's egress is out before it exists
+        if not self.weak and snapshot is not None:
+            release.up_to(progress.next)  # its part is handed on once this is out
+        if not self.weak and any(w.pending >= MAX_PENDING_EGRESS for w in writers.values()):
+            await release.through(progress.next)  # a backlog: bounded transactions
         if snapshot is not None and taking is not None:
             await taking.room()
             taking.take(logged, snapshot, engine.carried)
@@ -319,7 +328,7 @@ class Worker:
     ) -> tuple[tuple[dict[PartitionId, EgressWriter], KeyRanges], tuple[Restored | None, float]]:
         """The egress writers opened (fencing the last generation's) and the latest snapshot
         read: at once in strong mode, where every committed snapshot's egress is already out (a
-        part is written only after its egress commits), so any snapshot read is safe to resume
+        part is handed on only once its egress commits), so any snapshot read is safe to resume
         from. In weak mode a snapshot's egress is released after it commits, so the snapshot is
         read only once the fence stops the last generation's workers from releasing any more."""
         egress = await self._start_egress(phases)
@@ -504,12 +513,28 @@ async def _end_at_savepoint(peers: Peers | None, taking: SnapshotSide | None, fi
     logger.info("worker stops at a savepoint epoch=%d", final)
 
 
-def _check(peers: Peers | None, taking: SnapshotSide | None) -> None:
-    """Fail now if a peer was lost (even while idle) or a snapshot thread failed."""
+def _check(
+    peers: Peers | None, taking: SnapshotSide | None, release: EgressRelease | None = None
+) -> None:
+    """Fail now if a peer was lost (even while idle), a snapshot thread or an egress commit
+    failed."""
     if peers is not None and peers.failed.done():
         peers.failed.result()
     if taking is not None:
         taking.check()
+    if release is not None:
+        release.check()
+
+
+def _released_in_background(
+    writers: dict[PartitionId, EgressWriter], taking: SnapshotSide | None
+) -> EgressRelease:
+    """Egress released off the loop; a snapshot part (strong mode: ``taking``) is handed on
+    only once its epochs' egress is out, so every committed snapshot's egress is."""
+    release = EgressRelease(writers)
+    if taking is not None:
+        taking.wait_for_egress(release)
+    return release
 
 
 def _follows(logged: LoggedEpoch, expected: int) -> int:

@@ -1,17 +1,14 @@
-"""Where a worker stands: its start's phases, its position in the command log and the egress
-released up to it, and its catching up after a (re)start."""
+"""Where a worker stands: its start's phases, its position in the command log, and its catching
+up after a (re)start."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from epochal.actors.query_server import QueryServer
-from epochal.log.egress import EgressWriter, commit_all
 from epochal.metrics import Metrics
-from epochal.schemas.commands import PartitionId
 from epochal.schemas.snapshots import Manifest
 
 __all__ = ["CatchUp", "Progress", "StartPhases"]
@@ -46,7 +43,6 @@ class Progress:
 
     next: int  # the command-log position after the last epoch executed
     epoch: int  # the epoch that must come next
-    committed_at: float = field(default_factory=time.monotonic)  # egress last committed
     final: int | None = None  # the final epoch of a clean stop, once executed
 
     @classmethod
@@ -54,12 +50,6 @@ class Progress:
         if resumed is None:
             return cls(0, 0)
         return cls(resumed.command_log_position, resumed.epoch + 1)
-
-    async def commit(self, writers: dict[PartitionId, EgressWriter]) -> None:
-        """Release every partition's staged egress up to here (off the loop: Kafka waits)."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, commit_all, writers, self.next)
-        self.committed_at = time.monotonic()
 
 
 class CatchUp:

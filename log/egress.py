@@ -36,6 +36,7 @@ __all__ = [
     "POSITIONS_TOPIC_CONFIG",
     "EgressState",
     "EgressWriter",
+    "Staged",
     "commit_all",
     "ensure_positions_topic",
     "read_egress_state",
@@ -112,6 +113,10 @@ def write_layout(clients: KafkaClients, app: str, layout: EgressLayout) -> None:
     logger.info("egress layout app=%s partitions=%d start=%d", app, layout.partitions, layout.start)
 
 
+Staged = tuple[str, bytes, bytes | None]
+"""One egress record staged for the next commit: topic, value, key."""
+
+
 class EgressWriter:
     """Buffers one partition's egress records and commits them with the position they cover.
 
@@ -144,7 +149,7 @@ class EgressWriter:
             raise translate_kafka_error(
                 exc, "cannot start egress", transactional_id=self.transactional_id
             ) from exc
-        self._pending: list[tuple[str, bytes, bytes | None]] = []
+        self._pending: list[Staged] = []
         self.covered = 0  # set from read_egress_state once every writer of the process is open
 
     @property
@@ -156,12 +161,23 @@ class EgressWriter:
 
     def commit(self, next_position: int) -> None:
         """Produce what is pending and record ``next_position`` as covered, atomically."""
-        if next_position <= self.covered and not self._pending:
+        self.commit_batch(self.take(), next_position)
+
+    def take(self) -> list[Staged]:
+        """The records staged so far, for :meth:`commit_batch`: records staged after this go
+        in the next batch (the loop stages while a thread commits)."""
+        batch, self._pending = self._pending, []
+        return batch
+
+    def commit_batch(self, batch: list[Staged], next_position: int) -> None:
+        """Produce ``batch`` and record ``next_position`` as covered, in one Kafka transaction
+        (blocks on Kafka: run it off an event loop)."""
+        if next_position <= self.covered and not batch:
             return
         position = EgressPosition(self.partition, self.partitions, next_position)
         try:
             self._producer.begin_transaction()
-            for topic, value, key in self._pending:
+            for topic, value, key in batch:
                 self._produce(topic, value, key)
             self._produce(self.positions_topic, encode(position), _writer_key(self.partition))
             self._producer.commit_transaction(60)
@@ -169,7 +185,6 @@ class EgressWriter:
             raise translate_kafka_error(
                 exc, "egress commit failed", transactional_id=self.transactional_id
             ) from exc
-        self._pending.clear()
         self.covered = next_position
 
     def _produce(self, topic: str, value: bytes, key: bytes | None = None) -> None:
