@@ -116,7 +116,7 @@ class EgressRelease:
         for waiter in ready:
             if not waiter.done():
                 waiter.set_result(None)
+        if self._asked > position:
+            self._start()  # before the listeners: none of them can hold up what comes next
         for listener in self.on_released:
             listener(position)
-        if self._asked > position:
-            self._start()
