@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from epochal.log.egress import EgressWriter, Staged
+from epochal.metrics import Metrics
 from epochal.schemas.commands import PartitionId
 
 __all__ = ["EgressRelease"]
@@ -50,8 +51,11 @@ class EgressRelease:
     hear each new one (a snapshot part waits for its epochs' egress before it is handed on).
     """
 
-    def __init__(self, writers: Mapping[PartitionId, EgressWriter]) -> None:
+    def __init__(
+        self, writers: Mapping[PartitionId, EgressWriter], metrics: Metrics | None = None
+    ) -> None:
         self.writers = writers
+        self.metrics = metrics  # commits and their seconds: the broker's share of the latency
         self.committed_at = time.monotonic()  # when the last commit ended (or the start)
         self.on_released: list[Callable[[int], None]] = []
         self._asked = 0
@@ -98,11 +102,14 @@ class EgressRelease:
             self.committed_at = time.monotonic()  # nothing new: nothing to commit
             return
         self._flight = asyncio.ensure_future(_commit(self.writers, batches, position))
-        self._flight.add_done_callback(functools.partial(self._ended, position))
+        self._flight.add_done_callback(functools.partial(self._ended, position, time.monotonic()))
 
-    def _ended(self, position: int, flight: asyncio.Future[None]) -> None:
+    def _ended(self, position: int, began: float, flight: asyncio.Future[None]) -> None:
         self._flight = None
         self.committed_at = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.inc("epochal_egress_commits_total")
+            self.metrics.inc("epochal_egress_commit_seconds_sum", self.committed_at - began)
         error = flight.exception() if not flight.cancelled() else asyncio.CancelledError()
         if error is not None:
             self._error = error

@@ -118,6 +118,9 @@ class Worker:
         self.metrics.describe("epochal_epochs_total", "counter", "epochs executed")
         self.metrics.describe("epochal_epoch_seconds_sum", "counter", "time executing epochs")
         self.metrics.describe("epochal_command_log_position", "gauge", "last epoch executed")
+        self.metrics.describe("epochal_egress_commits_total", "counter", "egress commits")
+        self.metrics.describe("epochal_egress_commit_seconds_sum", "counter",
+                              "time the broker took to commit egress, off the loop")  # fmt: skip
         self.metrics.describe("epochal_snapshot_write_seconds_sum", "counter",
                               "time writing snapshot parts, off the loop")  # fmt: skip
         self.metrics.describe("epochal_snapshot_actors_total", "counter", "actors snapshotted")
@@ -200,7 +203,7 @@ class Worker:
         self._report_status(ranges, engine.partitions, progress)
         poller, head = await self._epochs_from(progress, writers, resumed)
         phases.done("peers")
-        release = _released_in_background(writers, None if self.weak else taking)
+        release = _released_in_background(writers, None if self.weak else taking, self.metrics)
         recovery = CatchUp(self.metrics, config.worker, progress.next, head, started=started,
                            resumed=resumed, queries=queries)  # fmt: skip
         ticker = InteriorTicker(self.clients, self.app, config)
@@ -527,11 +530,11 @@ def _check(
 
 
 def _released_in_background(
-    writers: dict[PartitionId, EgressWriter], taking: SnapshotSide | None
+    writers: dict[PartitionId, EgressWriter], taking: SnapshotSide | None, metrics: Metrics
 ) -> EgressRelease:
     """Egress released off the loop; a snapshot part (strong mode: ``taking``) is handed on
     only once its epochs' egress is out, so every committed snapshot's egress is."""
-    release = EgressRelease(writers)
+    release = EgressRelease(writers, metrics)
     if taking is not None:
         taking.wait_for_egress(release)
     return release

@@ -102,6 +102,9 @@ def test_bad_records_go_to_the_dead_letter_topic_and_the_pipeline_goes_on(shared
     )
     worker = shared.metrics(shared.metrics_port)
     assert "epochal_transactions_total" in worker and 'outcome="committed"' in worker
+    committed = re.compile(r"^epochal_egress_commits_total\{.*\} [1-9]", re.M)  # off the loop,
+    # counted once the commit's thread is back: a moment after its records can be read
+    wait_until(lambda: committed.search(shared.metrics(shared.metrics_port)), 10, "no commits")
 
 
 def test_kill_9_of_a_worker_and_the_sequencer_loses_and_doubles_nothing(shared: Cluster) -> None:

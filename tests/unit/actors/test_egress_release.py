@@ -51,15 +51,16 @@ class _SlowWriter:
         self.covered = next_position
 
 
-def _release(*writers: _SlowWriter) -> EgressRelease:
-    return EgressRelease({PartitionId(p): w for p, w in enumerate(writers)})  # type: ignore[misc]
+def _release(*writers: _SlowWriter, metrics: Metrics | None = None) -> EgressRelease:
+    return EgressRelease({PartitionId(p): w for p, w in enumerate(writers)}, metrics)  # type: ignore[misc]
 
 
 def test_the_loop_stages_the_next_epochs_while_a_commit_waits_on_the_broker() -> None:
     first, second = _SlowWriter(), _SlowWriter()
+    metrics = Metrics(app="bank")
 
     async def main() -> None:
-        release = _release(first, second)
+        release = _release(first, second, metrics=metrics)
         first.add("bank.out.receipts", b"a")
         release.up_to(1)  # returns at once: the commit waits on a thread
         first.add("bank.out.receipts", b"b")
@@ -75,6 +76,10 @@ def test_the_loop_stages_the_next_epochs_while_a_commit_waits_on_the_broker() ->
     asyncio.run(main())
     assert first.commits == [([b"a"], 1), ([b"b"], 2)]
     assert second.commits == [([], 1), ([b"c"], 2)]
+    served = metrics.render()
+    assert 'epochal_egress_commits_total{app="bank"} 2' in served
+    seconds = float(served.split('epochal_egress_commit_seconds_sum{app="bank"} ')[1].split()[0])
+    assert seconds >= 0.05  # the first commit waited on the broker at least that long
 
 
 def test_a_failed_commit_fails_the_worker_and_every_wait_for_it() -> None:
