@@ -6,23 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
 from epochal.actors.egress_release import EgressRelease
 from epochal.actors.engine import Engine
 from epochal.actors.snapshot_side import SnapshotSide
-from epochal.actors.store import Change
 from epochal.config import WorkerConfig
 from epochal.errors import LogError
 from epochal.log.command_log import LoggedEpoch
 from epochal.log.egress import Staged
 from epochal.metrics import Metrics
 from epochal.schemas.commands import EpochRecord, PartitionId
-from epochal.schemas.snapshots import Manifest, SnapshotPart
 from examples.bank.app import app
+from tests.unit.actors.snapshot_twins import SlowSnapshots
 
 
 class _SlowWriter:
@@ -99,29 +96,13 @@ def test_a_failed_commit_fails_the_worker_and_every_wait_for_it() -> None:
     asyncio.run(main())
 
 
-class _Snapshots:
-    """Parts written at once; commits counted (the parts themselves do not matter)."""
-
-    def __init__(self) -> None:
-        self.committed: list[int] = []
-
-    def write(self, ssid: int, worker: int, changes: Sequence[Change], **_: Any) -> SnapshotPart:
-        return SnapshotPart(ssid, worker, (), "0", len(changes))
-
-    def commit(self, parts: Sequence[SnapshotPart], epoch: int) -> Manifest:
-        self.committed.append(epoch)
-        return Manifest(epoch, epoch, 0, 0, {}, {}, {}, {}, "0", b"", 1, "")
-
-    def retain(self, latest: Manifest) -> None:
-        pass
-
-
 def test_a_snapshot_is_committed_only_once_the_egress_of_its_epochs_is_out() -> None:
     """A start reads the latest committed snapshot while it fences the egress writers, and
     replays only what comes after it: a snapshot committed before its egress was out would
     lose that egress for good."""
     writer = _SlowWriter()
-    snapshots = _Snapshots()
+    snapshots = SlowSnapshots()
+    snapshots.go.set()  # parts are written at once
 
     async def main() -> None:
         release = _release(writer)

@@ -4,33 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
 from typing import Any
 
 from epochal.actors.snapshots import SnapshotCommitter, SnapshotTaker
-from epochal.actors.store import Change
 from epochal.schemas.snapshots import Manifest, SnapshotPart
-
-
-class _SlowSnapshots:
-    """Writes wait for ``go``; commits are counted (the parts themselves do not matter)."""
-
-    def __init__(self) -> None:
-        self.go = threading.Event()
-        self.writing = threading.Event()
-        self.committed: list[int] = []
-
-    def write(self, ssid: int, worker: int, changes: Sequence[Change], **_: Any) -> SnapshotPart:
-        self.writing.set()
-        assert self.go.wait(10)
-        return SnapshotPart(ssid, worker, (), "0", len(changes))
-
-    def commit(self, parts: Sequence[SnapshotPart], epoch: int) -> Manifest:
-        self.committed.append(epoch)
-        return Manifest(epoch, epoch, 0, 0, {}, {}, {}, {}, "0", b"", 1, "")
-
-    def retain(self, latest: Manifest) -> None:
-        pass
+from tests.unit.actors.snapshot_twins import SlowSnapshots
 
 
 def test_a_part_written_while_the_worker_stops_is_dropped_without_an_error() -> None:
@@ -38,7 +16,7 @@ def test_a_part_written_while_the_worker_stops_is_dropped_without_an_error() -> 
     finishes meanwhile reaches the loop after the committer closed. It once went on to the
     closed committer and raised "cannot schedule new futures after shutdown" (a traceback in
     a clean stop, seen in CI)."""
-    snapshots = _SlowSnapshots()
+    snapshots = SlowSnapshots()
     errors: list[dict[str, Any]] = []
     committed: list[Manifest] = []
 
@@ -72,7 +50,7 @@ def test_a_part_written_while_the_worker_stops_is_dropped_without_an_error() -> 
 def test_a_worker_waits_while_its_snapshot_process_holds_two_parts() -> None:
     """A snapshot process behind its worker slows the worker: each part waiting holds a
     snapshot interval's changes in the worker, so a third part waits for room."""
-    snapshots = _SlowSnapshots()
+    snapshots = SlowSnapshots()
     delivered: list[int] = []
 
     async def main() -> None:
