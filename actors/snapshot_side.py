@@ -199,8 +199,6 @@ class SnapshotSide:
     def check(self) -> None:
         if self._error is not None:
             raise self._error
-        if self.egress is not None:
-            self.egress.check()
         self.taker.check()
         if self.committer is not None:
             self.committer.check()

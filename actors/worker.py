@@ -229,7 +229,7 @@ class Worker:
                     release.up_to(progress.next)
                 ticker.after_poll(bool(epochs), progress.epoch - 1, bool(engine.carried))
                 if progress.final is not None:
-                    await _end_at_savepoint(peers, taking, progress.final)
+                    await _end_at_savepoint(peers, taking, release, progress.final)
                     break
             if not self.weak:
                 await release.through(progress.next)
@@ -290,7 +290,7 @@ class Worker:
         progress.epoch = _follows(logged, progress.epoch)
         logged = self.amendments.amend(logged)
         if not self.weak and taking is not None:
-            logged = await self._before_failed_epoch(logged, taking)
+            logged = await self._before_failed_epoch(logged, taking, release)
         if logged.record.final:
             progress.final = logged.record.epoch
         result = await self._execute(engine, logged)
@@ -311,7 +311,9 @@ class Worker:
             await taking.room()
             taking.take(logged, snapshot, engine.carried)
 
-    async def _before_failed_epoch(self, logged: LoggedEpoch, taking: SnapshotSide) -> LoggedEpoch:
+    async def _before_failed_epoch(
+        self, logged: LoggedEpoch, taking: SnapshotSide, release: EgressRelease
+    ) -> LoggedEpoch:
         """The last generation failed at epoch E (``snapshot_before``): snapshot the epoch
         before it, and run E only once that snapshot is committed, so that the last good state
         survives a crash loop and a fixed version resumes from it (docs/operations.md)."""
@@ -322,7 +324,7 @@ class Worker:
             record = msgspec.structs.replace(logged.record, snapshot=True)
             return LoggedEpoch(logged.position, record, logged.dead)
         while taking.committed_ssid < failed - 1:  # epoch E: wait for the snapshot before it
-            taking.check()
+            _check(None, taking, release)  # (its part waits for its egress)
             await asyncio.sleep(0.01)
         return logged
 
@@ -504,29 +506,28 @@ async def _close(
         await peers.close()
 
 
-async def _end_at_savepoint(peers: Peers | None, taking: SnapshotSide | None, final: int) -> None:
+async def _end_at_savepoint(
+    peers: Peers | None, taking: SnapshotSide | None, release: EgressRelease, final: int
+) -> None:
     """The sequencer's final epoch ran: wait until its snapshot is committed (worker 0 commits
     it and tells the others) and, in weak mode, the egress it held is released; then the
     worker stops, and a start after it replays nothing. The supervisor bounds the wait.
     Once that snapshot is committed a peer may stop before this worker has released its
     egress: a peer gone then is no failure."""
     while taking is not None and (taking.committed_ssid < final or taking.busy):
-        _check(peers if taking.committed_ssid < final else None, taking)
+        _check(peers if taking.committed_ssid < final else None, taking, release)
         await asyncio.sleep(0.01)
     logger.info("worker stops at a savepoint epoch=%d", final)
 
 
-def _check(
-    peers: Peers | None, taking: SnapshotSide | None, release: EgressRelease | None = None
-) -> None:
+def _check(peers: Peers | None, taking: SnapshotSide | None, release: EgressRelease) -> None:
     """Fail now if a peer was lost (even while idle), a snapshot thread or an egress commit
     failed."""
     if peers is not None and peers.failed.done():
         peers.failed.result()
     if taking is not None:
         taking.check()
-    if release is not None:
-        release.check()
+    release.check()
 
 
 def _released_in_background(
