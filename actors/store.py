@@ -1,23 +1,26 @@
-"""The state one worker owns: canonical bytes per actor, versioned by epoch since a floor.
+"""The state one worker owns: canonical bytes per actor, and what each epoch since a floor wrote.
 
 Values are the canonical msgpack of :mod:`epochal.schemas.canonical`: immutable, so nothing a
 handler holds can change the store, every participant of a transaction decodes the same bytes,
 reads go to other workers without re-encoding, and digests hash them directly.
 
-One versioned store serves both snapshots and consistent reads: for every actor
-written since the **floor** epoch the store keeps its value at the floor and at the end of each
-epoch that wrote it. A snapshot at epoch e takes the actors changed since the last snapshot —
-exactly those with versions — with their values at e and at the floor (their digest delta) in
-O(changed actors), then raises the floor to e. A read "as of epoch c", c >= floor, finds the last
-version at or before c: the query server's ``COMMITTED`` reads (a read is answered at once, on the
-loop, so the floor never moves under it). Range scans use a sorted index of each type's keys,
-rebuilt only after the set of actors changed.
+One versioned store serves both snapshots and consistent reads. For every epoch since the
+**floor** that wrote something it keeps an :class:`EpochWrites`: each actor's value before the
+epoch's first write to it and after its last. A write costs a few operations on that epoch's
+small dicts (a list of versions per actor cost a probe of a dict of every actor changed since
+the floor, cold in the cache, and an object per write). A snapshot at epoch e takes the epochs
+up to e whole, in O(epochs), and raises the floor to e; its thread merges them into each changed
+actor's value at the floor and at e. A read "as of epoch c", c >= floor, finds the value before
+the first epoch after c that wrote the actor, else the newest: the query server's ``COMMITTED``
+reads (a read is answered at once, on the loop, so the floor never moves under it). Range scans
+use a sorted index of each type's keys, rebuilt only after the set of actors changed.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
@@ -27,18 +30,19 @@ import msgspec
 from epochal.actors.digest import DigestSum, item_hash
 from epochal.schemas.commands import ActorKey, KeyRef, PartitionId
 
-__all__ = ["Change", "ChangeEnds", "ChangedSince", "StateStore", "Version"]
+__all__ = ["Change", "ChangeEnds", "ChangedSince", "EpochWrites", "StateStore"]
 
 
-class Version(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """An actor's value at the end of ``epoch`` (None: no actor).
+class EpochWrites(msgspec.Struct, gc=False):
+    """What one epoch wrote: each actor's value before the epoch's first write to it (None: no
+    actor) and after its last, and its partition.
 
-    Two are kept per transfer until the next snapshot: as tuples they set off more than a third
-    of a worker's cycle collections (which took a tenth of its time, walking young objects); a
-    struct without ``gc`` is never tracked."""
+    Dicts of keys and bytes, which the cycle collector never tracks, in an untracked struct:
+    kept for every epoch until the next snapshot, they give it nothing to walk."""
 
-    epoch: int
-    value: bytes | None
+    before: dict[KeyRef, bytes | None]
+    after: dict[KeyRef, bytes | None]
+    partitions: dict[KeyRef, PartitionId]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,35 +77,42 @@ class ChangeEnds(msgspec.Struct, frozen=True):
 
 class ChangedSince(Sequence[Change]):
     """The changes a snapshot takes, worked out where they are first read: the epoch loop only
-    hands over the versions it kept since the floor (no walk over the changed actors, which for
-    100k of them paused the loop for a quarter of a second at every snapshot), and the snapshot
-    writer's thread compares each actor's first and last version."""
+    hands over what the epochs since the floor wrote (no walk over the changed actors, which
+    for 100k of them paused the loop for a quarter of a second at every snapshot), and the
+    snapshot writer's thread merges them into each actor's first and last value."""
 
-    def __init__(
-        self, versions: dict[KeyRef, list[Version]], partition_of: dict[KeyRef, PartitionId]
-    ) -> None:
-        self._versions = versions  # no longer the store's: nothing changes them any more
-        self._partition_of = partition_of
+    def __init__(self, epochs: Sequence[EpochWrites]) -> None:
+        self._epochs = epochs  # no longer the store's: nothing changes them any more
         self._ends: ChangeEnds | None = None
 
     @classmethod
     def of_ends(cls, ends: ChangeEnds) -> ChangedSince:
         """The changes again, from the :meth:`ends` another process sent."""
-        made = cls({}, {})
+        made = cls([])
         made._ends = ends
         return made
 
     def ends(self) -> ChangeEnds:
-        """Each actor's first and last version (all a change needs: the ones between, one per
-        epoch that wrote the actor, were most of what crossed) and partition. Called off the
-        epoch loop: it walks the changed actors."""
+        """Each actor's value at the floor and at the snapshot (all a change needs), and its
+        partition, in the order the actors were first written. Called off the epoch loop: it
+        walks what every epoch wrote, in C (dict merges) but for one pass over the actors."""
         if self._ends is None:
-            versions, partition_of = self._versions, self._partition_of
+            epochs = self._epochs
+            order = dict.fromkeys(itertools.chain.from_iterable(e.before for e in epochs))
+            first: dict[KeyRef, bytes | None] = {}
+            for e in reversed(epochs):  # the oldest epoch's value wins
+                first.update(e.before)
+            last: dict[KeyRef, bytes | None] = {}
+            partition_of: dict[KeyRef, PartitionId] = {}
+            for e in epochs:
+                last.update(e.after)
+                partition_of.update(e.partitions)
+            refs = list(order)
             self._ends = ChangeEnds(
-                list(versions),
-                [partition_of[ref] for ref in versions],
-                [kept[0].value for kept in versions.values()],
-                [kept[-1].value for kept in versions.values()],
+                refs,
+                [partition_of[ref] for ref in refs],
+                [first[ref] for ref in refs],
+                [last[ref] for ref in refs],
             )
         return self._ends
 
@@ -131,10 +142,12 @@ class ChangedSince(Sequence[Change]):
 
 class StateStore:
     """Actors of some partitions: ``values[ref]`` is the newest canonical bytes (absent: no
-    actor), and the versions since ``floor`` for the actors written after it.
+    actor), and, when ``versioned``, what each epoch since ``floor`` wrote.
 
     >>> store = StateStore([PartitionId(0), PartitionId(1)])
     >>> store.apply(KeyRef("Account", "a"), PartitionId(1), b"\\x81\\xa7balance\\x05", epoch=3)
+
+    Writes come in epoch order (an epoch's own writes in any order).
     """
 
     def __init__(
@@ -148,9 +161,9 @@ class StateStore:
         self.values: dict[KeyRef, bytes] = {}
         self.versioned = versioned  # without snapshots nor readers, no version is ever needed
         self.floor = floor
-        self._versions: dict[KeyRef, list[Version]] = {}
-        self._partition_of: dict[KeyRef, PartitionId] = {}
-        self._newest = floor  # the last epoch a version was kept for
+        self._epochs: dict[int, EpochWrites] = {}  # ascending: the epochs since the floor
+        self._last: EpochWrites | None = None  # the newest of them
+        self._newest = floor  # its epoch
         self.digest: DigestSum | None = DigestSum() if track_digest else None
         self._index: dict[str, list[ActorKey]] | None = None  # sorted keys, per type
         self.actors: dict[PartitionId, int] = dict.fromkeys(partitions, 0)  # actors per partition
@@ -167,15 +180,22 @@ class StateStore:
             self.digest.replace(ref, old, value)
         if not self.versioned:
             return
+        writes = self._last
+        if writes is None or epoch != self._newest:
+            writes = self._begin(epoch)
+        if ref not in writes.before:
+            writes.before[ref] = old
+            writes.partitions[ref] = partition
+        writes.after[ref] = value
+
+    def _begin(self, epoch: int) -> EpochWrites:
+        """The writes of a new epoch (the first since the floor may be the floor's own: a
+        migration at a restore)."""
+        if epoch < self._newest:
+            raise ValueError(f"a write in epoch {epoch} after one in epoch {self._newest}")
+        writes = self._last = self._epochs[epoch] = EpochWrites({}, {}, {})
         self._newest = epoch
-        versions = self._versions.get(ref)
-        if versions is None:
-            self._versions[ref] = [Version(self.floor, old), Version(epoch, value)]
-            self._partition_of[ref] = partition
-        elif versions[-1].epoch == epoch:
-            versions[-1] = Version(epoch, value)
-        else:
-            versions.append(Version(epoch, value))
+        return writes
 
     def load(self, ref: KeyRef, partition: PartitionId, value: bytes) -> None:
         """Put an actor back as a snapshot had it (recovery): no version, it is the floor."""
@@ -187,48 +207,39 @@ class StateStore:
             self.digest.replace(ref, None, value)
 
     def value_at(self, ref: KeyRef, epoch: int) -> bytes | None:
-        """The actor's value at the end of ``epoch`` (which must not be below the floor)."""
-        versions = self._versions.get(ref)
-        if versions is None:
-            return self.values.get(ref)
-        value = versions[0].value
-        for version in versions:
-            if version.epoch > epoch:
+        """The actor's value at the end of ``epoch`` (which must not be below the floor): its
+        value before the first later epoch that wrote it, else the newest. Newest epoch first:
+        a read at the last epoch run (the usual cut) looks at none."""
+        value = self.values.get(ref)
+        for written, writes in reversed(self._epochs.items()):
+            if written <= epoch:
                 break
-            value = version.value
+            before = writes.before
+            if ref in before:
+                value = before[ref]
         return value
 
     def take_changes(self, epoch: int) -> Sequence[Change]:
         """The changes since the floor, for a snapshot at the end of ``epoch``; the floor rises
-        to ``epoch``. At the end of the last epoch written (a snapshot's case) this hands the
-        versions over whole, in O(1): :class:`ChangedSince` walks them where it is read."""
-        if self._newest > epoch:  # versions after it stay: walk them here
-            changes = list(self.changes())
-            self.raise_floor(epoch)
-            return changes
-        taken = ChangedSince(self._versions, self._partition_of)
-        self._versions, self._partition_of = {}, {}
-        self.floor = epoch
-        self._index = None  # actors deleted before the floor leave the index
-        return taken
+        to ``epoch``. The writes of the epochs up to it are handed over whole, in O(epochs):
+        :class:`ChangedSince` merges them where it is read."""
+        taken = [writes for written, writes in self._epochs.items() if written <= epoch]
+        self._keep_after(epoch)
+        return ChangedSince(taken)
 
     def changes(self) -> Iterator[Change]:
-        """Every actor changed since the floor, its value at the floor and now (the versions
+        """Every actor changed since the floor, its value at the floor and now (the writes
         are kept: call :meth:`raise_floor` once they are no longer needed)."""
-        for ref, versions in self._versions.items():
-            before, after = versions[0].value, versions[-1].value
-            if before != after:
-                yield Change(ref, self._partition_of[ref], before, after)
+        return iter(ChangedSince(list(self._epochs.values())))
 
     def raise_floor(self, epoch: int) -> None:
-        """Forget versions before ``epoch`` that no reader needs any more (O(changed actors))."""
-        for ref in list(self._versions):
-            versions = self._versions[ref]
-            if versions[-1].epoch <= epoch:
-                del self._versions[ref], self._partition_of[ref]
-            else:
-                keep = [v for v in versions if v.epoch > epoch]
-                self._versions[ref] = [Version(epoch, self.value_at(ref, epoch)), *keep]
+        """Forget the writes of epochs up to ``epoch``, which no reader needs any more."""
+        self._keep_after(epoch)
+
+    def _keep_after(self, epoch: int) -> None:
+        self._epochs = {e: writes for e, writes in self._epochs.items() if e > epoch}
+        if self._last is not None and self._newest <= epoch:
+            self._last = None
         self.floor = epoch
         self._index = None  # actors deleted before the floor leave the index
 
@@ -237,7 +248,8 @@ class StateStore:
         index of the first one at or after ``lo`` (None: the first)."""
         if self._index is None:
             index: dict[str, list[ActorKey]] = {}
-            for ref in {*self.values, *self._versions}:
+            written = (ref for writes in self._epochs.values() for ref in writes.before)
+            for ref in {*self.values, *written}:
                 index.setdefault(ref.actor_type, []).append(ref.key)
             for keys in index.values():
                 keys.sort()
