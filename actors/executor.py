@@ -91,9 +91,10 @@ def split_plan(
     steps: list[Step] = []
     alone = all(w == worker for w in worker_of)
     me = (worker,)
+    partitions_of = ranges.partitions_of_keys
     for invocation in plan:
         keys = invocation.keys
-        parts = tuple([ranges.partition_of(ref) for ref in keys])
+        parts = partitions_of(keys)
         lowest = min(parts) if parts else PartitionId(0)
         if alone:  # one worker owns everything: no exchange, no filtering
             steps.append(Step(invocation, me, keys, parts, lowest))

@@ -174,6 +174,12 @@ class KeyRanges:
     def partition_of(self, ref: KeyRef) -> PartitionId:
         return PartitionId(bisect.bisect_right(self._points[ref.actor_type], ref.key))
 
+    def partitions_of_keys(self, keys: Sequence[KeyRef]) -> tuple[PartitionId, ...]:
+        """The partition of each key, in the keys' order: what every transaction of an epoch
+        asks, so in one call (a call and a ``PartitionId`` per key were a tenth of planning)."""
+        points, owner = self._points, bisect.bisect_right
+        return tuple([owner(points[ref.actor_type], ref.key) for ref in keys])  # type: ignore[misc]
+
     def participants(self, keys: Sequence[KeyRef]) -> tuple[PartitionId, ...]:
         """The partitions a transaction touches, ascending; partition 0 for one without keys."""
         if not keys:
