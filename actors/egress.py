@@ -54,7 +54,7 @@ from epochal.schemas.snapshots import OutboxRow
 __all__ = [
     "DEAD_LETTER_PARTITION",
     "MAX_PENDING_EGRESS",
-    "egress_records",
+    "EgressEncoder",
     "held_dead_letters",
     "layout_in_force",
     "prepare_egress",
@@ -71,30 +71,46 @@ DEAD_LETTER_PARTITION = 0
 """The partition whose egress writer releases weak mode's dead letters: every layout has it."""
 
 
-def egress_records(app: App, outcome: TxnOutcome) -> list[tuple[str, bytes]]:
-    """(topic, value) of what one reported outcome writes to egress topics, in the app's
-    egress format (``<app>.replies`` always msgpack: the client library reads it)."""
-    o = outcome
-    records: list[tuple[str, bytes]] = []
-    if o.client:
-        reply = ClientReply(o.request_id, o.epoch, o.seq, o.handler, o.committed, o.reason,
-                            o.result)  # fmt: skip
-        records.append((app.topics.replies, encode(reply)))
-    if o.committed:
-        if o.egress:
-            encode_record = app.egress_codec.record
-            records += [
-                (app.topics.egress(name), encode_record(EgressRecord(o.epoch, o.seq, o.handler,
-                                                        True, value, "", o.source, o.request_id)))
-                for name, value in o.egress
-            ]  # fmt: skip
+class EgressEncoder:
+    """What reported outcomes write to egress topics, in the app's egress format
+    (``<app>.replies`` always msgpack: the client library reads it). The format's encoder and
+    the topic names are looked up once, not per outcome: make one per epoch."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+        self._encode_record = app.egress_codec.record
+        self._replies = app.topics.replies
+        self._topics: dict[str, str] = {}
+
+    def _topic(self, name: str) -> str:
+        topic = self._topics.get(name)
+        if topic is None:
+            topic = self._topics[name] = self._app.topics.egress(name)
+        return topic
+
+    def records(self, outcome: TxnOutcome) -> list[tuple[str, bytes]]:
+        """(topic, value) of what one reported outcome writes."""
+        o = outcome
+        records: list[tuple[str, bytes]] = []
+        if o.client:
+            reply = ClientReply(o.request_id, o.epoch, o.seq, o.handler, o.committed, o.reason,
+                                o.result)  # fmt: skip
+            records.append((self._replies, encode(reply)))
+        if o.committed:
+            if o.egress:
+                encode_record, topic = self._encode_record, self._topic
+                records += [
+                    (topic(name), encode_record(EgressRecord(o.epoch, o.seq, o.handler, True,
+                                                value, "", o.source, o.request_id)))
+                    for name, value in o.egress
+                ]  # fmt: skip
+            return records
+        aborts_to = self._app.handlers[o.handler].aborts_to
+        if aborts_to is not None:
+            record = EgressRecord(o.epoch, o.seq, o.handler, False, b"", o.reason, o.source,
+                                  o.request_id)  # fmt: skip
+            records.append((self._topic(aborts_to), self._encode_record(record)))
         return records
-    aborts_to = app.handlers[o.handler].aborts_to
-    if aborts_to is not None:
-        record = EgressRecord(o.epoch, o.seq, o.handler, False, b"", o.reason, o.source,
-                              o.request_id)  # fmt: skip
-        records.append((app.topics.egress(aborts_to), app.egress_codec.record(record)))
-    return records
 
 
 def stage_egress(
@@ -107,13 +123,15 @@ def stage_egress(
     is skipped by a writer that covers it): each partition's outcomes, and on
     :data:`DEAD_LETTER_PARTITION`'s writer the dead letters of transactions an operator skipped
     (``epochal skip``), so each is written once however often the epoch is replayed."""
+    records = EgressEncoder(app).records
     for partition, outcomes in result.by_partition.items():
         writer = writers[partition]
         if logged.position < writer.covered:
             continue
+        add = writer.add
         for outcome in outcomes:
-            for topic, value in egress_records(app, outcome):
-                writer.add(topic, value)
+            for topic, value in records(outcome):
+                add(topic, value)
     dead = writers.get(PartitionId(DEAD_LETTER_PARTITION))
     if dead is not None and logged.position >= dead.covered:
         encode_letter = app.egress_codec.dead_letter

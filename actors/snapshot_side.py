@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Sequence
 import msgspec
 
 from epochal.actors.api import App
-from epochal.actors.egress import DEAD_LETTER_PARTITION, egress_records, held_dead_letters
+from epochal.actors.egress import DEAD_LETTER_PARTITION, EgressEncoder, held_dead_letters
 from epochal.actors.egress_release import EgressRelease
 from epochal.actors.engine import Engine, EpochResult
 from epochal.actors.outcome import Emitted
@@ -98,9 +98,10 @@ class SnapshotSide:
         app, epoch = self.app, logged.record.epoch
         if DEAD_LETTER_PARTITION in self.writers:
             self._held += held_dead_letters(app, epoch, logged.dead)
+        records = EgressEncoder(app).records
         for partition, outcomes in result.by_partition.items():
             for outcome in outcomes:
-                for topic, value in egress_records(app, outcome):
+                for topic, value in records(outcome):
                     self._held.append(OutboxRow(epoch, partition, topic, value))
 
     async def room(self) -> None:

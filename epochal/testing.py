@@ -5,7 +5,7 @@ goes through the sequencer's pure core (:func:`epochal.log.ordering.order`: rout
 dead letters, client requests, request ids), each epoch runs on the engine
 (:class:`~epochal.actors.engine.LocalEngine`: atomic multi-key transactions in timestamp order,
 constraints, ``ctx.call``, interior transactions, ``ctx.now``/``ctx.random``), and what comes out
-is what the egress writers would release (:func:`epochal.actors.egress.egress_records`)::
+is what the egress writers would release (:class:`epochal.actors.egress.EgressEncoder`)::
 
     t = AppTest(app, partitions=4)
     t.send("transfers", Deposit("acct-0001", 100))
@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, TypeVar, overload
 import msgspec
 
 from epochal.actors.api import App
-from epochal.actors.egress import egress_records
+from epochal.actors.egress import EgressEncoder
 from epochal.actors.engine import EpochResult, LocalEngine
 from epochal.actors.framing import LENGTH, framed
 from epochal.actors.outcome import Emitted, TxnOutcome
@@ -124,8 +124,9 @@ class Results:
         self.results.append(result)
         codec = self.app.egress_codec
         self.dead_letters += [codec.read_dead_letter(codec.dead_letter(d)) for d in dead]
+        records = EgressEncoder(self.app).records
         for outcome in result.outcomes:
-            self.written.extend(egress_records(self.app, outcome))
+            self.written.extend(records(outcome))
 
     def _extend(self, other: Results) -> None:
         self.command_log += other.command_log

@@ -41,7 +41,7 @@ import msgspec
 from pyspark.sql import SparkSession
 
 from epochal.actors.api import App
-from epochal.actors.egress import egress_records, held_dead_letters
+from epochal.actors.egress import EgressEncoder, held_dead_letters
 from epochal.actors.engine import Engine
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.snapshots import carried_of, with_log_position
@@ -215,6 +215,7 @@ def recover_weak(
     async def replay() -> None:
         done = 0
         skipped = read_amendments(clients, app.name).inputs
+        egress_of = EgressEncoder(app).records
         for sequenced in resequence(app, manifest, records, max_records, skipped):
             record = sequenced.record
             dead.extend(held_dead_letters(app, record.epoch, sequenced.dead))
@@ -224,7 +225,7 @@ def recover_weak(
                 for outcome in outcomes:
                     outbox.extend(
                         OutboxRow(record.epoch, partition, topic, value)
-                        for topic, value in egress_records(app, outcome)
+                        for topic, value in egress_of(outcome)
                     )
             done += len(record.txns) + len(sequenced.dead)
             progress("replaying", done, len(records))
