@@ -172,16 +172,21 @@ class Engine:
         carried = self.carried
         runs_here = runs_on(self.ranges, self.worker_of, self.worker)
         plan = plan_epoch(self.app, record, carried, runs_here)
-        steps = split_plan(plan, self.ranges, self.worker_of, self.worker)
-        ran = self.ran
-        for step in steps:
-            parts = step.partitions
-            if len(parts) == 1:
-                ran[parts[0]] += 1
-            else:
-                for p in set(parts):
-                    ran[p] += 1
-        by_partition = await self._unless_peers_fail(self.executor.run_epoch(clock, steps, self))
+        if runs_here is None:  # every partition is this worker's
+            by_partition = self.executor.run_alone(clock, plan, self.ranges, self.ran)
+        else:
+            steps = split_plan(plan, self.ranges, self.worker_of, self.worker)
+            ran = self.ran
+            for step in steps:
+                parts = step.partitions
+                if len(parts) == 1:
+                    ran[parts[0]] += 1
+                else:
+                    for p in set(parts):
+                        ran[p] += 1
+            by_partition = await self._unless_peers_fail(
+                self.executor.run_epoch(clock, steps, self)
+            )
         self.executed = record.epoch
         outcomes = tuple(sorted((o for part in by_partition.values() for o in part), key=BY_SEQ))
         if self.snapshots:

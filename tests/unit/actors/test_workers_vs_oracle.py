@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 
 from epochal.actors.digest import state_digest
-from epochal.actors.engine import Engine
+from epochal.actors.engine import Engine, EpochResult
 from epochal.actors.oracle import SerialOracle
 from epochal.actors.transport import Peers
 from epochal.schemas.commands import EpochRecord
@@ -16,7 +16,10 @@ from tests.conftest import free_port_pair
 from tests.unit.actors.workload import app, batches, command_log
 
 
-async def _cluster(records: list[EpochRecord], partitions: int, workers: int) -> tuple[str, list]:  # type: ignore[type-arg]
+async def _engines(
+    records: list[EpochRecord], partitions: int, workers: int
+) -> tuple[list[Engine], list[list[EpochResult]]]:
+    """Every worker's engine after running ``records``, and each one's results."""
     base = free_port_pair()
     addresses = [f"127.0.0.1:{base + w}" for w in range(workers)] if workers == 2 else []
     engines: list[Engine] = []
@@ -38,6 +41,11 @@ async def _cluster(records: list[EpochRecord], partitions: int, workers: int) ->
         for e in engines:
             if e.peers:
                 await e.peers.close()
+    return engines, per_worker
+
+
+async def _cluster(records: list[EpochRecord], partitions: int, workers: int) -> tuple[str, list]:  # type: ignore[type-arg]
+    engines, per_worker = await _engines(records, partitions, workers)
     outcomes = sorted(
         (r.epoch, o.seq, o.committed, o.reason, o.egress)
         for results in per_worker
@@ -61,3 +69,30 @@ def test_two_workers_over_tcp_match_the_serial_oracle(
     assert outcomes == sorted(
         (r.epoch, o.seq, o.committed, o.reason, o.egress) for r in expected for o in r.outcomes
     )
+
+
+@settings(max_examples=30, deadline=None)
+@given(batches=batches)
+def test_one_worker_reports_counts_and_keeps_actors_in_the_partitions_two_workers_do(
+    batches: list,  # type: ignore[type-arg]
+) -> None:
+    """The lowest partition among a transaction's keys reports it (egress writers and layout
+    changes rely on it), each partition counts the transactions it took part in, and each
+    actor is its key's partition's: one worker (which runs epochs without exchange) as two."""
+    records = command_log(batches)
+
+    def seen(engines: list[Engine], results: list[list[EpochResult]]) -> tuple[dict, dict, dict]:  # type: ignore[type-arg]
+        reporters = {
+            (r.epoch, o.seq): partition
+            for per_worker in results
+            for r in per_worker
+            for partition, outcomes in r.by_partition.items()
+            for o in outcomes
+        }
+        ran = {p: n for e in engines for p, n in e.ran.items()}
+        actors = {p: n for e in engines for p, n in e.store.actors.items()}
+        return reporters, ran, actors
+
+    one = seen(*asyncio.run(_engines(records, 4, 1)))
+    two = seen(*asyncio.run(_engines(records, 4, 2)))
+    assert one == two
