@@ -42,6 +42,7 @@ __all__ = [
     "collect_less",
     "collecting_less",
     "die_with_parent",
+    "give_back_heap",
     "is_title_of",
     "kill_earlier",
     "process_title",
@@ -209,6 +210,22 @@ def steady_heap(threshold: int = MMAP_THRESHOLD) -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
+
+
+def give_back_heap() -> bool:
+    """Return the C heap's free pages to the system (glibc's ``malloc_trim``); False where libc
+    has none (musl, macOS).
+
+    A snapshot process builds each part's Arrow and Parquet buffers and has delta-rs commit
+    them: tens of megabytes a second that come and go, in chunks under glibc's (dynamic) mmap
+    threshold, so they are freed into its heaps, where pages between live chunks stay
+    resident. Over a 4M-transfer long run a trim after each commit gave back 30-60 MB in a few
+    milliseconds. Called there after each part and each commit."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    return bool(trim(0))
 
 
 def system_heap_for_arrow() -> None:

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from epochal.actors.lifecycle import die_with_parent, set_title
+from epochal.actors.lifecycle import die_with_parent, give_back_heap, set_title
 from epochal.actors.snapshots import Reported, Restored, Snapshots
 from epochal.actors.store import Change, ChangedSince, ChangeEnds
 from epochal.schemas.commands import EpochRecord
@@ -251,9 +251,10 @@ def _answer(snapshots: Snapshots, lane: Connection) -> None:
             message = lane.recv_bytes()
         except (EOFError, OSError):
             return
+        call: _Call | None = None
         try:
-            result = _run(snapshots, decoder.decode(message))
-            answer = _OK + encoder.encode(result)
+            call = decoder.decode(message)
+            answer = _OK + encoder.encode(_run(snapshots, call))
         except Exception as exc:  # carried back: the worker raises it where it waits
             exc.add_note("in the snapshot process:\n" + traceback.format_exc().rstrip())
             answer = _RAISED + _pickled(exc)
@@ -261,6 +262,10 @@ def _answer(snapshots: Snapshots, lane: Connection) -> None:
             lane.send_bytes(answer)
         except OSError:
             return
+        if isinstance(call, _Write | _Commit):  # after answering: the worker waits for that
+            message = answer = b""
+            call = None
+            give_back_heap()
 
 
 def _run(snapshots: Snapshots, call: _Call) -> Any:
