@@ -176,16 +176,8 @@ class Engine:
             by_partition = self.executor.run_alone(clock, plan, self.ranges, self.ran)
         else:
             steps = split_plan(plan, self.ranges, self.worker_of, self.worker)
-            ran = self.ran
-            for step in steps:
-                parts = step.partitions
-                if len(parts) == 1:
-                    ran[parts[0]] += 1
-                else:
-                    for p in set(parts):
-                        ran[p] += 1
             by_partition = await self._unless_peers_fail(
-                self.executor.run_epoch(clock, steps, self)
+                self.executor.run_epoch(clock, steps, self, self.ran)
             )
         self.executed = record.epoch
         outcomes = tuple(sorted((o for part in by_partition.values() for o in part), key=BY_SEQ))

@@ -160,10 +160,16 @@ class EpochExecutor:
         return reported
 
     async def run_epoch(
-        self, clock: EpochClock, steps: list[Step], exchange: Exchange
+        self,
+        clock: EpochClock,
+        steps: list[Step],
+        exchange: Exchange,
+        ran: dict[PartitionId, int],
     ) -> dict[PartitionId, list[TxnOutcome]]:
-        """Run this worker's share of an epoch; the outcomes each local partition reports."""
+        """Run this worker's share of an epoch; the outcomes each local partition reports.
+        Counts in ``ran`` the transactions each local partition takes part in."""
         reported: dict[PartitionId, list[TxnOutcome]] = {p: [] for p in self.partitions}
+        _count_parts(steps, ran)
         if all(len(step.workers) == 1 for step in steps):  # nothing to wait for: in order
             for step in steps:
                 self._execute(clock, step, {}, reported)
@@ -245,6 +251,18 @@ class EpochExecutor:
                     self.store.apply(ref, step.partitions[local.index(ref)], value, epoch)
         if step.reporter is not None:
             reported[step.reporter].append(outcome)
+
+
+def _count_parts(steps: Sequence[Step], ran: dict[PartitionId, int]) -> None:
+    """Count each step once in each local partition it takes part in (as :meth:`run_alone`
+    does inline)."""
+    for step in steps:
+        parts = step.partitions
+        if len(parts) == 1:
+            ran[parts[0]] += 1
+        else:
+            for p in set(parts):
+                ran[p] += 1
 
 
 class _Chains:

@@ -5,6 +5,7 @@ runs twice or is lost, whatever order the reads arrive in."""
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
 from collections.abc import Sequence
 
 from epochal.actors.executor import EpochExecutor, Reads, runs_on, split_plan
@@ -66,7 +67,9 @@ def _run(batches: list[list[object]], delay: Sequence[int]) -> list[dict[KeyRef,
         runs_here = runs_on(ranges, WORKER_OF, w)
         for record in records:
             steps = split_plan(plan_epoch(app, record, [], runs_here), ranges, WORKER_OF, w)
-            await executors[w].run_epoch(EpochClock.of(record), steps, exchange.of(w))
+            await executors[w].run_epoch(
+                EpochClock.of(record), steps, exchange.of(w), defaultdict(int)
+            )
 
     async def both() -> None:
         await asyncio.gather(worker(0), worker(1))

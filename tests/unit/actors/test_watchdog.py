@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import defaultdict
 
 import msgspec
 
@@ -120,6 +121,6 @@ def test_the_executor_says_what_runs_while_a_handler_runs_and_nothing_after() ->
 
         async def flush(self) -> None: ...
 
-    asyncio.run(executor.run_epoch(EpochClock(1, 0, 0), steps, NoExchange()))
+    asyncio.run(executor.run_epoch(EpochClock(1, 0, 0), steps, NoExchange(), defaultdict(int)))
     assert plan == seen
     assert RUNNING.invocation is None
