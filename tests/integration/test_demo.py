@@ -40,6 +40,17 @@ def _running_with(name: str) -> list[int]:
     return found
 
 
+def _described(pids: list[int]) -> str:
+    """Each process's title and state, for a failure's message."""
+    lines = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+            lines.append(f"pid {pid} state {state}: {title[:160]}")
+    return "\n".join(lines)
+
+
 def _kill_all_under(folder: Path) -> None:
     """SIGKILL every process whose command line names ``folder`` (its data, logs or run dir)."""
     for pid in _running_with(str(folder)):
@@ -73,10 +84,18 @@ def test_the_demo_runs_from_any_directory_and_sigterm_stops_what_it_started(
         found = started.search(log_path.read_text())
         assert found is not None
         name = found.group(1)
-        assert _running_with(name), "no process of the demo's cluster is running"
+        wait_until(  # a title being set can hide a process from one look: look again
+            lambda: bool(_running_with(name)), timeout_s=5,
+            what="no process of the demo's cluster is running",
+        )  # fmt: skip
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(90) == 128 + signal.SIGTERM, log_path.read_text()
-        assert not _running_with(name), "the demo's cluster outlived it"
+        wait_until(  # its last processes follow the supervisor out (a parent-death signal,
+            lambda: not _running_with(name),  # or a look every half second when the
+            timeout_s=5,  # supervisor went before they could watch it)
+            what="the demo's cluster outlived it",
+            log=lambda: _described(_running_with(name)),
+        )
         with pytest.raises(ConnectionRefusedError):  # the broker the demo started went with it
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
     finally:
