@@ -1099,13 +1099,28 @@ def main(argv: Sequence[str] | None = None, *, exit_at_once: bool = False) -> in
     if args.command in ("demo", "bench") and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        code: int = args.handler(args)
+        code: int = _sigterm_as_exit(args.handler, args)
     except EpochalError as exc:
         console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         code = 2 if isinstance(exc, _UsageError) else 1
     if exit_at_once and args.command in _ARROW_COMMANDS:
         _exit_now(code)
     return code
+
+
+def _sigterm_as_exit(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """``handler(args)``; a SIGTERM's exit that reached it as a SystemError still exits.
+
+    A signal lands between Python instructions, but an exception it raised inside a Kafka
+    client's C call (a log callback, say) can be left set there; the next C function to return
+    then fails with "returned a result with an exception set", caused by the SystemExit. The
+    ``finally`` blocks on the way (a broker to stop) have run either way."""
+    try:
+        return handler(args)
+    except SystemError as exc:
+        if isinstance(exc.__cause__, SystemExit):
+            raise exc.__cause__ from None
+        raise
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

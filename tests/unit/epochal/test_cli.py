@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from epochal.cli import _parser, main
+from epochal.cli import _parser, _sigterm_as_exit, main
 
 
 def _parsers(
@@ -113,3 +113,25 @@ def test_demo_and_bench_outside_a_checkout_say_so_and_what_to_do() -> None:
     with pytest.raises(ConfigError, match=said):
         _checkout_root("demo", "nowhere/app.py")
     assert (_checkout_root("bench", "bench/cli.py") / "examples" / "bank").is_dir()
+
+
+def test_a_sigterm_left_set_inside_a_c_call_still_exits_with_its_code() -> None:
+    """The SystemExit a SIGTERM raised in a Kafka client's C call comes back as the cause of a
+    SystemError from the next C function: ``epochal bench``/``demo`` still exit 143."""
+
+    def interrupted(args: argparse.Namespace) -> int:
+        try:
+            raise SystemExit(143)  # what the handler raised, inside the C call
+        except SystemExit as exc:
+            raise SystemError("<built-in function monotonic> returned a result with an "
+                              "exception set") from exc  # fmt: skip
+
+    def broken(args: argparse.Namespace) -> int:
+        raise SystemError("a real one")
+
+    with pytest.raises(SystemExit) as exited:
+        _sigterm_as_exit(interrupted, argparse.Namespace())
+    assert exited.value.code == 143
+    with pytest.raises(SystemError, match="a real one"):
+        _sigterm_as_exit(broken, argparse.Namespace())
+    assert _sigterm_as_exit(lambda args: 7, argparse.Namespace()) == 7
