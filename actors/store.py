@@ -224,19 +224,11 @@ class StateStore:
         to ``epoch``. The writes of the epochs up to it are handed over whole, in O(epochs):
         :class:`ChangedSince` merges them where it is read."""
         taken = [writes for written, writes in self._epochs.items() if written <= epoch]
-        self._keep_after(epoch)
+        self.raise_floor(epoch)
         return ChangedSince(taken)
-
-    def changes(self) -> Iterator[Change]:
-        """Every actor changed since the floor, its value at the floor and now (the writes
-        are kept: call :meth:`raise_floor` once they are no longer needed)."""
-        return iter(ChangedSince(list(self._epochs.values())))
 
     def raise_floor(self, epoch: int) -> None:
         """Forget the writes of epochs up to ``epoch``, which no reader needs any more."""
-        self._keep_after(epoch)
-
-    def _keep_after(self, epoch: int) -> None:
         self._epochs = {e: writes for e, writes in self._epochs.items() if e > epoch}
         if self._last is not None and self._newest <= epoch:
             self._last = None

@@ -62,7 +62,7 @@ def test_the_changes_taken_are_those_of_the_snapshot_whenever_they_are_read() ->
 def test_an_unversioned_store_keeps_no_history() -> None:
     store = StateStore([P])
     store.apply(A, P, b"1", epoch=1)
-    assert list(store.changes()) == [] and store.values == {A: b"1"}
+    assert list(store.take_changes(1)) == [] and store.values == {A: b"1"}
 
 
 @settings(max_examples=50, deadline=None)
