@@ -34,6 +34,10 @@ def _broker_pids(data_dir: Path) -> list[int]:
     return [int(pid) for pid in found.stdout.split()]
 
 
+def _command_line(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+
+
 def test_start_twice_gives_one_broker_and_stop_frees_the_port(
     cache: CacheConfig, tmp_path: Path
 ) -> None:
@@ -49,6 +53,9 @@ def test_start_twice_gives_one_broker_and_stop_frees_the_port(
         assert second.returncode == 0, second.stderr
         assert "already running" in second.stderr and "nothing started" in second.stderr
         assert len(_broker_pids(tmp_path / "broker")) == 1
+        # what docs/tutorial.md says it runs with: C1 only, at most 1 GB of heap
+        jvm_flags = _command_line(_broker_pids(tmp_path / "broker")[0])
+        assert "-XX:TieredStopAtLevel=1" in jvm_flags and "-Xmx1024m" in jvm_flags
 
         status = _epochal(*flags, "status", *where)
         assert status.returncode == 0 and "running at" in status.stderr
