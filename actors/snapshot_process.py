@@ -54,12 +54,12 @@ class SnapshotProcessError(RuntimeError):
 
 class _Write(msgspec.Struct, tag="write", frozen=True):
     """A part to write. The changes come as they were handed over: a :class:`ChangedSince`'s
-    versions (comparing them, a Python loop over every changed actor, happens there) or, from
-    any other sequence, the changes themselves."""
+    writes of each epoch (merging them, comparing each actor's first and last value, happens
+    there) or, from any other sequence, the changes themselves."""
 
     ssid: int
     worker: int
-    ends: ChangeEnds | None
+    epochs: list[ChangeEnds] | None
     changes: list[Change]
     commands: list[EpochRecord]
     outbox: list[OutboxRow]
@@ -156,16 +156,16 @@ class ForkedSnapshots:
         reported: Sequence[Reported] = (),
         archived: Sequence[msgspec.Raw] = (),
     ) -> SnapshotPart:
-        ends: ChangeEnds | None = None
+        epochs: list[ChangeEnds] | None = None
         listed: list[Change] = []
-        if isinstance(changes, ChangedSince):  # as columns, the versions compared over there
-            ends = changes.ends()
+        if isinstance(changes, ChangedSince):  # each epoch's writes: merged over there
+            epochs = changes.columns()
         else:
             listed = list(changes)
         call = _Write(
             ssid,
             worker,
-            ends,
+            epochs,
             listed,
             list(commands),
             list(outbox),
@@ -272,8 +272,8 @@ def _run(snapshots: Snapshots, call: _Call) -> Any:
     match call:
         case _Write():
             changes: Sequence[Change] = call.changes
-            if call.ends is not None:
-                changes = ChangedSince.of_ends(call.ends)
+            if call.epochs is not None:
+                changes = ChangedSince.of_columns(call.epochs)
             return snapshots.write(
                 call.ssid,
                 call.worker,
