@@ -46,8 +46,8 @@ class EpochWrites(msgspec.Struct, gc=False):
     partitions: dict[KeyRef, PartitionId]
 
     def columns(self) -> ChangeEnds:
-        """The same as columns, copied in C without hashing a key: the three dicts were filled
-        in the order of the epoch's first writes, so their keys line up."""
+        """These writes as columns, copied in C without hashing a key: the three dicts were
+        filled in the order of the epoch's first writes, so their keys line up."""
         return ChangeEnds(
             list(self.before),
             list(self.partitions.values()),
