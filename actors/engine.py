@@ -21,7 +21,7 @@ import msgspec
 
 from epochal.actors.api import App
 from epochal.actors.digest import DigestSum
-from epochal.actors.executor import EpochExecutor, Reads, runs_on, split_plan
+from epochal.actors.executor import EpochExecutor, plan_share
 from epochal.actors.outcome import BY_EMIT_ORDER, BY_SEQ, Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import EpochClock, emitted_by, plan_epoch
@@ -32,8 +32,8 @@ from epochal.actors.transport import (
     PartFrame,
     PeerFrame,
     Peers,
-    ReadItem,
     ReadsFrame,
+    TxnReads,
 )
 from epochal.errors import RecoveryError, SchemaError
 from epochal.schemas.canonical import decode_canonical
@@ -139,24 +139,32 @@ class Engine:
         self.on_committed: Callable[[int], None] = lambda ssid: None  # worker 0 said: committed
         self._done: dict[int, dict[int, list[Emitted]]] = {}
         self._done_arrived = asyncio.Event()
+        self._outbox: dict[tuple[int, int], list[TxnReads]] = {}  # (peer, epoch) → reads
+        self._alone = all(w == worker for w in self.worker_of)  # owns every partition
 
     # --- the Exchange protocol ---------------------------------------------------------------
 
-    def send(self, to: int, epoch: int, seq: int, reads: Reads) -> None:
-        assert self.peers is not None
-        items = [ReadItem(ref.actor_type, ref.key, value) for ref, value in reads.items()]
-        self.peers.send(to, ReadsFrame(self.peers.generation, epoch, seq, items))
+    def send(
+        self, to: int, epoch: int, seq: int, refs: tuple[KeyRef, ...], values: list[bytes | None]
+    ) -> None:
+        """Buffered until :meth:`flush`: one frame per peer per exchange round."""
+        self._outbox.setdefault((to, epoch), []).append(TxnReads(seq, refs, values))
 
     async def flush(self) -> None:
         if self.peers is not None:
+            generation = self.peers.generation
+            for (to, epoch), txns in self._outbox.items():
+                self.peers.send(to, ReadsFrame(generation, epoch, txns))
+            self._outbox.clear()
             await self.peers.flush()
         await asyncio.sleep(0)  # let the receivers run
 
     def on_frame(self, frame: PeerFrame) -> None:
         """Frames from other workers (the transport calls this)."""
         if isinstance(frame, ReadsFrame):
-            reads: Reads = {KeyRef(i.actor_type, i.key): i.value for i in frame.items}
-            self.executor.receive(frame.epoch, frame.seq, reads)
+            receive, epoch = self.executor.receive, frame.epoch
+            for txn in frame.txns:
+                receive(epoch, txn.seq, txn.refs, txn.values)
         elif isinstance(frame, DoneFrame):
             self._done.setdefault(frame.epoch, {})[frame.worker] = frame.emits
             self._done_arrived.set()
@@ -170,12 +178,12 @@ class Engine:
     async def run_epoch(self, record: EpochRecord) -> EpochResult:
         clock = EpochClock.of(record)
         carried = self.carried
-        runs_here = runs_on(self.ranges, self.worker_of, self.worker)
-        plan = plan_epoch(self.app, record, carried, runs_here)
-        if runs_here is None:  # every partition is this worker's
+        if self._alone:
+            plan = plan_epoch(self.app, record, carried)
             by_partition = self.executor.run_alone(clock, plan, self.ranges, self.ran)
         else:
-            steps = split_plan(plan, self.ranges, self.worker_of, self.worker)
+            steps = plan_share(self.app, record, carried, self.ranges,
+                               worker_of=self.worker_of, worker=self.worker)  # fmt: skip
             by_partition = await self._unless_peers_fail(
                 self.executor.run_epoch(clock, steps, self, self.ran)
             )

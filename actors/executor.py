@@ -25,21 +25,21 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
 
 from epochal.actors.api import App
 from epochal.actors.context import run_transaction
-from epochal.actors.outcome import BY_SEQ, TxnOutcome
+from epochal.actors.outcome import BY_SEQ, Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
-from epochal.actors.plan import EpochClock, Invocation
+from epochal.actors.plan import EpochClock, Invocation, epoch_order, invocation_of
 from epochal.actors.store import StateStore
 from epochal.actors.watchdog import RUNNING
-from epochal.schemas.commands import KeyRef, PartitionId
+from epochal.schemas.commands import EpochRecord, KeyRef, PartitionId
 
-__all__ = ["EpochExecutor", "Exchange", "Reads", "Step", "runs_on", "split_plan"]
+__all__ = ["EpochExecutor", "Exchange", "Reads", "Step", "plan_share"]
 
 Reads = dict[KeyRef, bytes | None]
 
@@ -47,7 +47,9 @@ Reads = dict[KeyRef, bytes | None]
 class Exchange(Protocol):
     """Carries read values to other workers (TCP, or nothing for a single worker)."""
 
-    def send(self, to: int, epoch: int, seq: int, reads: Reads) -> None: ...
+    def send(
+        self, to: int, epoch: int, seq: int, refs: tuple[KeyRef, ...], values: list[bytes | None]
+    ) -> None: ...
 
     async def flush(self) -> None: ...
 
@@ -56,7 +58,8 @@ class Step(msgspec.Struct):
     """One transaction as one worker sees it: the participating workers and its own keys.
 
     ``partitions[i]`` owns ``local_keys[i]``; ``reporter`` is the partition that reports the
-    outcome if this worker owns it, else None. A struct: one is made per transaction.
+    outcome if this worker owns it, else None. ``reads`` of a cross-worker step: its values,
+    from the first time it was ready. A struct: one is made per transaction.
     """
 
     invocation: Invocation
@@ -64,45 +67,49 @@ class Step(msgspec.Struct):
     local_keys: tuple[KeyRef, ...]
     partitions: tuple[PartitionId, ...]
     reporter: PartitionId | None
-    sent: bool = False
+    reads: Reads | None = None
 
 
-def runs_on(
-    ranges: KeyRanges, worker_of: Sequence[int], worker: int
-) -> Callable[[tuple[KeyRef, ...]], bool] | None:
-    """Whether a transaction with these keys runs on ``worker`` (one that touches a key of its
-    partitions, or partition 0's worker for one without keys); None when it runs everything."""
-    if all(w == worker for w in worker_of):
-        return None
-    points, mine = ranges.partition_of, {p for p, w in enumerate(worker_of) if w == worker}
-
-    def runs_here(keys: tuple[KeyRef, ...]) -> bool:
-        if not keys:
-            return worker_of[0] == worker
-        return any(points(ref) in mine for ref in keys)
-
-    return runs_here
-
-
-def split_plan(
-    plan: Sequence[Invocation], ranges: KeyRanges, worker_of: Sequence[int], worker: int
+def plan_share(
+    app: App,
+    record: EpochRecord,
+    carried: list[Emitted],
+    ranges: KeyRanges,
+    *,
+    worker_of: Sequence[int],
+    worker: int,
 ) -> list[Step]:
-    """This worker's share of an epoch, in timestamp order; ``worker_of[p]`` owns partition p."""
-    steps: list[Step] = []
+    """This worker's share of an epoch, in timestamp order (``worker_of[p]`` runs partition p):
+    the transactions that touch a key of its partitions, and those without keys if it runs
+    partition 0. One pass: each transaction's partitions are looked up once, and only the
+    events of this worker's transactions are decoded."""
+    epoch, skipped = record.epoch, record.skipped
     partitions_of = ranges.partitions_of_keys
-    for invocation in plan:
-        keys = invocation.keys
+    keyless = (worker_of[0],)
+    steps: list[Step] = []
+    for seq, txn, origin in epoch_order(record, carried):
+        keys = txn.keys
         parts = partitions_of(keys)
-        lowest = min(parts) if parts else PartitionId(0)
-        workers = tuple(sorted({worker_of[p] for p in parts})) if parts else (worker_of[0],)
-        if worker not in workers:
-            continue
-        if len(workers) == 1:
-            local, local_parts = keys, parts
+        workers: tuple[int, ...]
+        reporter: PartitionId | None
+        if not parts:  # partition 0 runs and reports it
+            if keyless[0] != worker:
+                continue
+            workers, local, local_parts, reporter = keyless, keys, parts, PartitionId(0)
         else:
-            mine = [i for i, p in enumerate(parts) if worker_of[p] == worker]
-            local, local_parts = tuple(keys[i] for i in mine), tuple(parts[i] for i in mine)
-        reporter = lowest if worker_of[lowest] == worker else None
+            owners = [worker_of[p] for p in parts]
+            mine = owners.count(worker)
+            if not mine:
+                continue
+            lowest = min(parts)
+            reporter = lowest if worker_of[lowest] == worker else None
+            if mine == len(owners):
+                workers, local, local_parts = (worker,), keys, parts
+            else:
+                workers = tuple(sorted(set(owners)))
+                local = tuple([ref for ref, w in zip(keys, owners, strict=True) if w == worker])
+                local_parts = tuple([p for p, w in zip(parts, owners, strict=True) if w == worker])
+        invocation = invocation_of(app, epoch, seq, txn, skipped, origin=origin)
         steps.append(Step(invocation, workers, local, local_parts, reporter))
     return steps
 
@@ -116,12 +123,26 @@ class EpochExecutor:
         self.partitions = tuple(partitions)
         self.store = store
         self._inbox: dict[tuple[int, int], Reads] = {}
-        self._arrived = asyncio.Event()
+        self._waiting: dict[tuple[int, int], tuple[int, int]] = {}  # → (step index, reads due)
+        self._completed: list[int] = []  # waiting steps whose reads have all come
+        self._arrived = asyncio.Event()  # set when one has
 
-    def receive(self, epoch: int, seq: int, reads: Reads) -> None:
-        """Values another worker read for transaction ``(epoch, seq)``."""
-        self._inbox.setdefault((epoch, seq), {}).update(reads)
-        self._arrived.set()
+    def receive(
+        self, epoch: int, seq: int, refs: Sequence[KeyRef], values: Sequence[bytes | None]
+    ) -> None:
+        """Values another worker read for transaction ``(epoch, seq)``: ``values[i]`` is
+        ``refs[i]``'s."""
+        timestamp = (epoch, seq)
+        inbox = self._inbox.get(timestamp)
+        if inbox is None:
+            inbox = self._inbox[timestamp] = dict(zip(refs, values, strict=True))
+        else:
+            inbox.update(zip(refs, values, strict=True))
+        waiting = self._waiting.get(timestamp)
+        if waiting is not None and len(inbox) >= waiting[1]:
+            del self._waiting[timestamp]
+            self._completed.append(waiting[0])
+            self._arrived.set()
 
     def run_alone(
         self,
@@ -170,75 +191,65 @@ class EpochExecutor:
         Counts in ``ran`` the transactions each local partition takes part in."""
         reported: dict[PartitionId, list[TxnOutcome]] = {p: [] for p in self.partitions}
         _count_parts(steps, ran)
+        values = self.store.values  # a step on this worker alone reads the store as it is
         if all(len(step.workers) == 1 for step in steps):  # nothing to wait for: in order
             for step in steps:
-                self._execute(clock, step, {}, reported)
+                self._execute(clock, step, values, reported)
             return reported
         chains = _Chains(steps)
-        waiting: list[int] = []  # cross-worker steps whose local keys are final, reads sent
         while chains.left:
             while chains.ready:
                 index = heapq.heappop(chains.ready)
                 step = steps[index]
-                if len(step.workers) > 1:
-                    self._send_reads(step, exchange)
-                    remote = self._remote(step)
-                    if remote is None:
-                        waiting.append(index)
-                        continue
-                else:
-                    remote = {}
-                self._execute(clock, step, remote, reported)
+                reads = values if len(step.workers) == 1 else self._reads(step, index, exchange)
+                if reads is None:  # receive() makes it ready when the other reads have come
+                    continue
+                self._execute(clock, step, reads, reported)
                 chains.done(index)
             await exchange.flush()
             if chains.left and not chains.ready:
-                await self._arrived.wait()
-                self._arrived.clear()
-                still: list[int] = []
-                for index in waiting:
-                    if self._has_reads(steps[index]):
-                        heapq.heappush(chains.ready, index)
-                    else:
-                        still.append(index)
-                waiting = still
+                while not self._completed:
+                    self._arrived.clear()
+                    await self._arrived.wait()
+                for index in self._completed:
+                    heapq.heappush(chains.ready, index)
+                self._completed.clear()
         for outcomes in reported.values():  # in timestamp order, whatever the arrival order
             outcomes.sort(key=BY_SEQ)
         return reported
 
-    def _has_reads(self, step: Step) -> bool:
-        remote = self._inbox.get((step.invocation.epoch, step.invocation.seq), {})
-        return len(remote) + len(step.local_keys) >= len(step.invocation.keys)
-
-    def _remote(self, step: Step) -> Mapping[KeyRef, bytes | None] | None:
-        """The other workers' reads of ``step``, taken from the inbox; None until all came."""
-        if not self._has_reads(step):
+    def _reads(self, step: Step, index: int, exchange: Exchange) -> Reads | None:
+        """Every read of a cross-worker ``step``: its local keys' values, sent to the other
+        participants the first time it is ready (they are final then), and theirs; None until
+        theirs have all come (it waits in ``_waiting`` then)."""
+        invocation = step.invocation
+        reads, local = step.reads, step.local_keys
+        if reads is None:
+            values = self.store.values
+            mine = [values.get(ref) for ref in local]
+            for other in step.workers:
+                if other != self.worker:
+                    exchange.send(other, invocation.epoch, invocation.seq, local, mine)
+            reads = step.reads = dict(zip(local, mine, strict=True))
+        timestamp = (invocation.epoch, invocation.seq)
+        due = len(invocation.keys) - len(local)
+        remote = self._inbox.get(timestamp)
+        if remote is None or len(remote) < due:
+            self._waiting[timestamp] = (index, due)
             return None
-        return self._inbox.pop((step.invocation.epoch, step.invocation.seq), {})
-
-    def _send_reads(self, step: Step, exchange: Exchange) -> None:
-        if step.sent:
-            return
-        values = self.store.values
-        reads = {ref: values.get(ref) for ref in step.local_keys}
-        for other in step.workers:
-            if other != self.worker:
-                exchange.send(other, step.invocation.epoch, step.invocation.seq, reads)
-        step.sent = True
+        del self._inbox[timestamp]
+        reads.update(remote)
+        return reads
 
     def _execute(
         self,
         clock: EpochClock,
         step: Step,
-        remote: Mapping[KeyRef, bytes | None],
+        reads: Mapping[KeyRef, bytes | None],
         reported: dict[PartitionId, list[TxnOutcome]],
     ) -> None:
-        values = self.store.values
-        reads: Mapping[KeyRef, bytes | None]
-        if len(step.workers) == 1:  # every key is here: the handler reads the store as it is
-            reads = values  # (it writes to its context; the writes are applied below)
-        else:
-            reads = {ref: values.get(ref) for ref in step.local_keys}
-            reads.update(remote)
+        """Run ``step`` on ``reads`` (the handler writes to its context; the writes to this
+        worker's keys are applied after it returns)."""
         RUNNING.invocation = step.invocation  # for the watchdog of a handler that hangs
         try:
             outcome = run_transaction(self.app, step.invocation, reads, clock)

@@ -9,7 +9,7 @@ when the parent emitted them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -25,7 +25,9 @@ __all__ = [
     "Invocation",
     "emitted_by",
     "ensure_same_code",
+    "epoch_order",
     "interior_seqs",
+    "invocation_of",
     "plan_epoch",
 ]
 
@@ -97,27 +99,28 @@ def _handler(app: App, name: str, epoch: int, seq: int) -> Handler:
         ) from None  # fmt: skip
 
 
-def plan_epoch(
-    app: App,
-    record: EpochRecord,
-    carried: list[Emitted],
-    runs_here: Callable[[tuple[KeyRef, ...]], bool] | None = None,
-) -> list[Invocation]:
+def plan_epoch(app: App, record: EpochRecord, carried: list[Emitted]) -> list[Invocation]:
     """Interior transactions first, then the logged ones in seq order; those an operator
-    skipped (``record.skipped``) abort with the reason, unread. With ``runs_here``, only the
-    transactions whose keys it accepts: a worker decodes the events of its own alone."""
+    skipped (``record.skipped``) abort with the reason, unread."""
     epoch, skipped = record.epoch, record.skipped
-    plan = []
+    return [
+        invocation_of(app, epoch, seq, txn, skipped, origin=origin)
+        for seq, txn, origin in epoch_order(record, carried)
+    ]
+
+
+def epoch_order(
+    record: EpochRecord, carried: list[Emitted]
+) -> Iterator[tuple[int, CommandTxn | Emitted, Origin]]:
+    """The transactions of an epoch in timestamp order, undecoded: interior ones first (seqs
+    -k..-1), then the logged ones; each with its seq and origin."""
     for seq, emitted in interior_seqs(carried):
-        if runs_here is None or runs_here(emitted.keys):
-            plan.append(_invocation(app, epoch, seq, emitted, skipped, origin=Origin.INTERIOR))
+        yield seq, emitted, Origin.INTERIOR
     for txn in record.txns:
-        if runs_here is None or runs_here(txn.keys):
-            plan.append(_invocation(app, epoch, txn.seq, txn, skipped, origin=txn.origin))
-    return plan
+        yield txn.seq, txn, txn.origin
 
 
-def _invocation(
+def invocation_of(
     app: App, epoch: int, seq: int, txn: CommandTxn | Emitted, skipped: Mapping[int, str], *,
     origin: Origin,
 ) -> Invocation:  # fmt: skip

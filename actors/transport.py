@@ -21,7 +21,7 @@ from epochal.actors.framing import LENGTH, framed, split_address
 from epochal.actors.outcome import Emitted
 from epochal.config import Listener
 from epochal.errors import BindError, EpochalError
-from epochal.schemas.commands import ActorKey
+from epochal.schemas.commands import KeyRef
 from epochal.schemas.snapshots import SnapshotPart
 
 __all__ = [
@@ -33,9 +33,9 @@ __all__ = [
     "PartFrame",
     "PeerFrame",
     "Peers",
-    "ReadItem",
     "ReadsFrame",
     "TransportError",
+    "TxnReads",
 ]
 
 logger = logging.getLogger(__name__)
@@ -45,19 +45,22 @@ class TransportError(EpochalError):
     """A peer could not be reached or went away."""
 
 
-class ReadItem(msgspec.Struct, frozen=True, array_like=True):
-    actor_type: str
-    key: ActorKey
-    value: bytes | None
+class TxnReads(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """The canonical values of one transaction's keys on the sending worker: ``values[i]`` is
+    ``refs[i]``'s (None: no such actor yet)."""
+
+    seq: int
+    refs: tuple[KeyRef, ...]
+    values: list[bytes | None]
 
 
 class ReadsFrame(msgspec.Struct, frozen=True, array_like=True, tag="r"):
-    """The canonical values one worker read for transaction ``(epoch, seq)``."""
+    """What one worker read for transactions of ``epoch`` that another runs too: all that
+    became final in one exchange round, in one frame."""
 
     generation: int
     epoch: int
-    seq: int
-    items: list[ReadItem]
+    txns: list[TxnReads]
 
 
 class DoneFrame(msgspec.Struct, frozen=True, array_like=True, tag="d"):

@@ -8,16 +8,17 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Sequence
 
-from epochal.actors.executor import EpochExecutor, Reads, runs_on, split_plan
+from epochal.actors.executor import EpochExecutor, plan_share
 from epochal.actors.oracle import SerialOracle
 from epochal.actors.partitioning import KeyRanges
-from epochal.actors.plan import EpochClock, plan_epoch
+from epochal.actors.plan import EpochClock
 from epochal.actors.store import StateStore
 from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.commands import KeyRef, PartitionId
-from tests.unit.actors.workload import Account, Deposit, Transfer, app, command_log
+from tests.unit.actors.workload import Account, Deposit, Split, Transfer, app, command_log
 
-WORKER_OF = [0, 1]  # partition p on worker p
+Refs = tuple[KeyRef, ...]
+Values = list[bytes | None]
 
 
 class HeldExchange:
@@ -33,53 +34,61 @@ class HeldExchange:
     class Side:
         def __init__(self, exchange: HeldExchange, worker: int) -> None:
             self.exchange, self.worker = exchange, worker
-            self.buffered: list[tuple[int, int, int, Reads]] = []
+            self.buffered: list[tuple[int, int, int, tuple[KeyRef, ...], list[bytes | None]]] = []
 
-        def send(self, to: int, epoch: int, seq: int, reads: Reads) -> None:
-            self.buffered.append((to, epoch, seq, reads))
+        def send(
+            self,
+            to: int,
+            epoch: int,
+            seq: int,
+            refs: tuple[KeyRef, ...],
+            values: list[bytes | None],
+        ) -> None:
+            self.buffered.append((to, epoch, seq, refs, list(values)))
 
         async def flush(self) -> None:
             sends, self.buffered = self.buffered, []
             for _ in range(self.exchange.delay[self.worker]):
                 await asyncio.sleep(0)
-            for to, epoch, seq, reads in sends:
-                self.exchange.executors[to].receive(epoch, seq, dict(reads))
+            for to, epoch, seq, refs, values in sends:
+                self.exchange.executors[to].receive(epoch, seq, refs, values)
 
 
-def _accounts() -> tuple[int, int, int]:
-    """Two accounts on partition 0 (worker 0) and one on partition 1 (worker 1)."""
-    ranges = KeyRanges.even(app, 2)
-    on: dict[int, list[int]] = {0: [], 1: []}
+def _accounts(workers: int = 2) -> dict[int, list[int]]:
+    """The accounts of each partition, when each of ``workers`` runs one."""
+    ranges = KeyRanges.even(app, workers)
+    on: dict[int, list[int]] = {w: [] for w in range(workers)}
     for account in range(40):
         on[ranges.partition_of(KeyRef("Account", account))].append(account)
-    return on[0][0], on[0][1], on[1][0]
+    return on
 
 
 def _run(batches: list[list[object]], delay: Sequence[int]) -> list[dict[KeyRef, bytes]]:
+    """Run ``batches`` on one worker per entry of ``delay`` (its partition: its number)."""
     records = command_log(batches)
-    ranges = KeyRanges.even(app, 2)
-    executors = [
-        EpochExecutor(app, w, [PartitionId(w)], StateStore([PartitionId(w)])) for w in (0, 1)
-    ]
+    workers = range(len(delay))
+    ranges = KeyRanges.even(app, len(delay))
+    executors = [EpochExecutor(app, w, [PartitionId(w)], StateStore([PartitionId(w)]))
+                 for w in workers]  # fmt: skip
     exchange = HeldExchange(executors, delay)
 
     async def worker(w: int) -> None:
-        runs_here = runs_on(ranges, WORKER_OF, w)
         for record in records:
-            steps = split_plan(plan_epoch(app, record, [], runs_here), ranges, WORKER_OF, w)
+            steps = plan_share(app, record, [], ranges, worker_of=list(workers), worker=w)
             await executors[w].run_epoch(
                 EpochClock.of(record), steps, exchange.of(w), defaultdict(int)
             )
 
     async def both() -> None:
-        await asyncio.gather(worker(0), worker(1))
+        await asyncio.gather(*(worker(w) for w in workers))
 
     asyncio.run(both())
     return [dict(e.store.items()) for e in executors]
 
 
 def test_a_later_local_transaction_waits_for_a_cross_worker_one_on_its_key() -> None:
-    a, c, b = _accounts()  # a, c on worker 0; b on worker 1
+    on = _accounts()
+    a, c, b = on[0][0], on[0][1], on[1][0]  # a, c on worker 0; b on worker 1
     batches: list[list[object]] = [
         [Deposit(a, 100), Deposit(b, 100), Deposit(c, 100)],
         # a → b spans both workers; a → c, later, is worker 0's alone but on a's key: it must
@@ -98,3 +107,23 @@ def test_a_later_local_transaction_waits_for_a_cross_worker_one_on_its_key() -> 
             if ref.actor_type == "Account"
         }
         assert balances == {a: 100 - 70 + 5 + 1, b: 100 + 70 - 1, c: 100 - 5}, delay
+
+
+def test_a_transaction_on_three_workers_runs_once_the_reads_of_both_others_came() -> None:
+    """With three workers, one peer's reads may come before the other's: the transaction waits
+    for both (each worker in turn hears from a slow peer last)."""
+    on = _accounts(3)
+    a, b, c = on[0][0], on[1][0], on[2][0]
+    batches: list[list[object]] = [
+        [Deposit(a, 100), Deposit(b, 100), Deposit(c, 100)],
+        [Split(a, b, c, 40), Transfer(b, a, 5), Split(c, a, b, 10), Transfer(a, c, 1)],
+    ]
+    oracle = SerialOracle(app)
+    oracle.run(command_log(batches))
+    for delay in ([0, 0, 5], [0, 5, 0], [5, 0, 0], [0, 3, 6]):
+        stores = _run(batches, delay)
+        merged = {ref: value for store in stores for ref, value in store.items()}
+        assert merged == oracle.state, delay
+        balances = {ref.key: decode_canonical(value, Account).balance
+                    for ref, value in merged.items() if ref.actor_type == "Account"}  # fmt: skip
+        assert balances == {a: 100 - 40 + 5 + 5 - 1, b: 100 + 20 - 5 + 5, c: 100 + 20 - 10 + 1}

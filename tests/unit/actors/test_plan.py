@@ -1,15 +1,16 @@
 from __future__ import annotations
 
-import msgspec
+from collections import Counter
+
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epochal.actors.executor import runs_on, split_plan
+from epochal.actors.executor import plan_share
 from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import emitted_by, plan_epoch
 from epochal.schemas.canonical import encode_canonical
-from epochal.schemas.commands import EpochRecord, InputPosition, KeyRef, Origin
+from epochal.schemas.commands import CommandTxn, EpochRecord, InputPosition, KeyRef, Origin
 from tests.unit.actors.workload import Audit, Deposit, Transfer, app, command_log
 
 
@@ -64,22 +65,40 @@ def test_an_event_that_no_longer_decodes_is_a_planned_abort() -> None:
 
 @given(
     st.lists(st.lists(st.integers(0, 39), max_size=4), max_size=20),
+    st.lists(st.lists(st.integers(0, 39), max_size=3), max_size=4),
     st.sampled_from([(0, 1, 0, 1), (1, 0, 0, 1), (0, 0, 1, 1), (1, 1, 1, 0)]),
 )
-def test_a_worker_plans_exactly_the_transactions_it_runs(
-    key_sets: list[list[int]], worker_of: tuple[int, ...]
+def test_a_worker_plans_the_transactions_on_its_keys_and_one_worker_reports_each(
+    key_sets: list[list[int]], emitted_sets: list[list[int]], worker_of: tuple[int, ...]
 ) -> None:
-    """What a worker decodes (``runs_on``) is what its split keeps, keyless transactions (which
-    partition 0's worker runs) included."""
+    """A worker's share is every transaction, interior ones included, with a key on one of its
+    partitions (one without keys: partition 0's worker's), in timestamp order; its local keys
+    are those on its partitions; the owner of the lowest partition reports it, so each
+    transaction is reported exactly once."""
     ranges = KeyRanges.even(app, len(worker_of))
+
+    def refs(accounts: list[int]) -> tuple[KeyRef, ...]:
+        return tuple(sorted({KeyRef("Account", a) for a in accounts}))
+
+    event = encode_canonical(Deposit(1, 5))
+    txns = tuple(CommandTxn(seq, "deposit", event, refs(a)) for seq, a in enumerate(key_sets))
+    record = EpochRecord(4, 0, 0, "", txns)
+    carried = [Emitted(3, i, 0, "deposit", event, refs(a)) for i, a in enumerate(emitted_sets)]
+    everything = [(inv.seq, inv.keys) for inv in plan_epoch(app, record, carried)]
+    reported: Counter[int] = Counter()
     for worker in (0, 1):
-        runs_here = runs_on(ranges, worker_of, worker)
-        assert runs_here is not None
-        for accounts in key_sets:
-            keys = tuple(sorted({KeyRef("Account", a) for a in accounts}))
-            (invocation,) = plan_epoch(app, command_log([[], [Deposit(1, 5)]])[1], [])
-            step = split_plan(
-                [msgspec.structs.replace(invocation, keys=keys)], ranges, worker_of, worker
-            )
-            assert runs_here(keys) == bool(step), (keys, worker)
-    assert runs_on(ranges, (0, 0, 0, 0), 0) is None  # one worker runs everything
+        steps = plan_share(app, record, carried, ranges, worker_of=worker_of, worker=worker)
+        owners = {seq: {worker_of[ranges.partition_of(r)] for r in keys} or {worker_of[0]}
+                  for seq, keys in everything}  # fmt: skip
+        mine = [(seq, keys) for seq, keys in everything if worker in owners[seq]]
+        assert [(step.invocation.seq, step.invocation.keys) for step in steps] == mine
+        for step in steps:
+            parts = [ranges.partition_of(ref) for ref in step.invocation.keys]
+            here = [i for i, p in enumerate(parts) if worker_of[p] == worker]
+            assert step.local_keys == tuple(step.invocation.keys[i] for i in here)
+            assert step.partitions == tuple(parts[i] for i in here)
+            assert step.workers == tuple(sorted(owners[step.invocation.seq]))
+            if step.reporter is not None:
+                assert step.reporter == min(parts, default=0)
+                reported[step.invocation.seq] += 1
+    assert reported == Counter(seq for seq, _ in everything)

@@ -60,7 +60,7 @@ def test_garbage_from_a_connection_that_never_said_hello_only_closes_it() -> Non
     async def test() -> None:
         async with _worker_0(lambda frame: None) as peers:
             for garbage in (b"\x00\x00\x00\x03\xc1\xc1\xc1", b"\xff\xff\xff\xff" + b"x" * 64,
-                            _framed(ReadsFrame(GENERATION, 0, 0, []))):  # fmt: skip
+                            _framed(ReadsFrame(GENERATION, 0, []))):  # fmt: skip
                 reader, writer = await _connect(peers, garbage)
                 assert await asyncio.wait_for(reader.read(), 2) == b""  # closed by worker 0
                 writer.close()

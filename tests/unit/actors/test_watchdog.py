@@ -12,7 +12,7 @@ import msgspec
 
 from epochal.actors.api import App
 from epochal.actors.context import Context, hang_line, poison_line
-from epochal.actors.executor import EpochExecutor, split_plan
+from epochal.actors.executor import EpochExecutor, Step
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import EpochClock, Invocation
 from epochal.actors.store import StateStore
@@ -113,11 +113,12 @@ def test_the_executor_says_what_runs_while_a_handler_runs_and_nothing_after() ->
     partitions = [PartitionId(0), PartitionId(1)]
     executor = EpochExecutor(app, 0, partitions, StateStore(partitions))
     plan = [_invocation(seq, epoch=1) for seq in range(3)]
-    steps = split_plan(plan, KeyRanges.even(app, 2), [0, 0], 0)
+    parts = [KeyRanges.even(app, 2).partitions_of_keys(inv.keys) for inv in plan]
+    steps = [Step(inv, (0,), inv.keys, p, min(p)) for inv, p in zip(plan, parts, strict=True)]
     seen.clear()
 
     class NoExchange:
-        def send(self, to: int, epoch: int, seq: int, reads: object) -> None: ...
+        def send(self, *args: object) -> None: ...
 
         async def flush(self) -> None: ...
 

@@ -1,4 +1,5 @@
-"""Two workers exchanging reads and emits over real TCP on loopback equal the serial oracle."""
+"""Two or three workers exchanging reads and emits over real TCP on loopback equal the serial
+oracle."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from epochal.actors.engine import Engine, EpochResult
 from epochal.actors.oracle import SerialOracle
 from epochal.actors.transport import Peers
 from epochal.schemas.commands import EpochRecord
-from tests.conftest import free_port_pair
+from tests.conftest import free_ports
 from tests.unit.actors.workload import app, batches, command_log
 
 
@@ -20,8 +21,8 @@ async def _engines(
     records: list[EpochRecord], partitions: int, workers: int
 ) -> tuple[list[Engine], list[list[EpochResult]]]:
     """Every worker's engine after running ``records``, and each one's results."""
-    base = free_port_pair()
-    addresses = [f"127.0.0.1:{base + w}" for w in range(workers)] if workers == 2 else []
+    base = free_ports(workers)
+    addresses = [f"127.0.0.1:{base + w}" for w in range(workers)]
     engines: list[Engine] = []
     for w in range(workers):
         engine: Engine
@@ -55,12 +56,12 @@ async def _cluster(records: list[EpochRecord], partitions: int, workers: int) ->
     return state_digest(item for e in engines for item in e.store.items()), outcomes
 
 
-@pytest.mark.parametrize(("partitions", "workers"), [(2, 2), (4, 2)])
+@pytest.mark.parametrize(("partitions", "workers"), [(2, 2), (4, 2), (3, 3)])
 @settings(max_examples=50, deadline=None)
 @given(batches=batches)
-def test_two_workers_over_tcp_match_the_serial_oracle(
-    partitions: int, workers: int, batches: list
-) -> None:  # type: ignore[type-arg]
+def test_workers_over_tcp_match_the_serial_oracle(
+    partitions: int, workers: int, batches: list[list[object]]
+) -> None:
     records = command_log(batches)
     oracle = SerialOracle(app)
     expected = oracle.run(records)

@@ -63,6 +63,15 @@ class Close(msgspec.Struct, frozen=True, tag=True):
     account: int
 
 
+class Split(msgspec.Struct, frozen=True, tag=True):
+    """Half of ``amount`` to each target: three accounts, on up to three workers."""
+
+    source: int
+    first: int
+    second: int
+    amount: int
+
+
 class Sneaky(msgspec.Struct, frozen=True, tag=True):
     account: int
 
@@ -134,6 +143,15 @@ def transfer(ctx: Context, e: Transfer) -> None:
     ctx.egress("receipts", Receipt(e.source, e.target, e.amount, ctx.now()))
     if e.amount >= 30:
         ctx.emit(Audit(e.source, e.amount))
+
+
+@app.transaction(topic="ops", event=Split, keys=lambda e: {Account: [e.source, e.first, e.second]})
+def split(ctx: Context, e: Split) -> None:
+    half = e.amount // 2
+    for key, change in ((e.source, -2 * half), (e.first, half), (e.second, half)):
+        account = ctx.get(Account, key)  # a key named twice sees its own write
+        account.balance += change
+        ctx.put(key, account)
 
 
 @app.transaction(topic="ops", event=Close, keys=lambda e: {Account: [e.account]})
@@ -226,6 +244,7 @@ operations = st.one_of(
     st.builds(Deposit, keys, st.integers(1, 100)),
     st.builds(Transfer, keys, keys, st.integers(1, 80)),
     st.builds(Close, keys),
+    st.builds(Split, keys, keys, keys, st.integers(1, 60)),
     st.builds(Sneaky, keys),
     st.builds(FeeTransfer, keys, keys, st.integers(1, 40), st.integers(0, 10)),
     st.builds(Scale, keys, st.integers(0, 20)),
