@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import operator
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
@@ -31,7 +32,15 @@ import msgspec
 from epochal.actors.digest import DigestSum, item_hash
 from epochal.schemas.commands import ActorKey, KeyRef, PartitionId
 
-__all__ = ["Change", "ChangeEnds", "ChangedSince", "EpochWrites", "StateStore"]
+__all__ = [
+    "Change",
+    "ChangeEnds",
+    "ChangedSince",
+    "EpochWrites",
+    "StateStore",
+    "TypeChanges",
+    "changes_by_type",
+]
 
 
 class EpochWrites(msgspec.Struct, gc=False):
@@ -87,6 +96,34 @@ class ChangeEnds(msgspec.Struct, frozen=True):
     after: list[bytes | None]
 
 
+class TypeChanges(msgspec.Struct, gc=False):
+    """The changed actors of one type, as columns: ``after[i]`` is ``keys[i]``'s value now,
+    ``before[i]`` its value at the floor (None: no actor)."""
+
+    keys: list[ActorKey]
+    before: list[bytes | None]
+    after: list[bytes | None]
+
+
+def changes_by_type(changes: Sequence[Change]) -> dict[str, TypeChanges]:
+    """:meth:`ChangedSince.by_type` of any sequence of changes."""
+    if isinstance(changes, ChangedSince):
+        return changes.by_type()
+    split: dict[str, TypeChanges] = {}
+    for change in changes:
+        columns = split.get(change.ref.actor_type)
+        if columns is None:
+            columns = split[change.ref.actor_type] = TypeChanges([], [], [])
+        columns.keys.append(change.ref.key)
+        columns.before.append(change.before)
+        columns.after.append(change.after)
+    return split
+
+
+_KEY = operator.attrgetter("key")
+_ACTOR_TYPE = operator.attrgetter("actor_type")
+
+
 class ChangedSince(Sequence[Change]):
     """The changes a snapshot takes, worked out where they are first read: the epoch loop only
     hands over what the epochs since the floor wrote (no walk over the changed actors, which
@@ -116,11 +153,11 @@ class ChangedSince(Sequence[Change]):
 
     def ends(self) -> ChangeEnds:
         """Each actor's value at the floor and at the snapshot (all a change needs), and its
-        partition, in the order the actors were first written: dict merges in C, then one pass
-        over the actors."""
+        partition, in the order the actors were first written: dict merges and copies in C,
+        no Python step per actor. ``last`` and ``partition_of`` take the same keys in the same
+        order, so their keys and values line up (an update keeps a key where it first came)."""
         if self._ends is None:
             epochs = self.columns()
-            order = dict.fromkeys(itertools.chain.from_iterable(e.refs for e in epochs))
             first: dict[KeyRef, bytes | None] = {}
             for e in reversed(epochs):  # the oldest epoch's value wins
                 first.update(zip(e.refs, e.before, strict=True))
@@ -129,14 +166,37 @@ class ChangedSince(Sequence[Change]):
             for e in epochs:
                 last.update(zip(e.refs, e.after, strict=True))
                 partition_of.update(zip(e.refs, e.partitions, strict=True))
-            refs = list(order)
+            refs = list(last)
             self._ends = ChangeEnds(
                 refs,
-                [partition_of[ref] for ref in refs],
-                [first[ref] for ref in refs],
-                [last[ref] for ref in refs],
+                list(partition_of.values()),
+                list(map(first.__getitem__, refs)),
+                list(last.values()),
             )
         return self._ends
+
+    def by_type(self) -> dict[str, TypeChanges]:
+        """The actors whose value changed, as columns per actor type (what a snapshot part
+        writes and hashes), selected and split in C."""
+        ends = self.ends()
+        changed = list(map(operator.ne, ends.before, ends.after))
+        refs = list(itertools.compress(ends.refs, changed))
+        before = list(itertools.compress(ends.before, changed))
+        after = list(itertools.compress(ends.after, changed))
+        keys = list(map(_KEY, refs))
+        types = list(map(_ACTOR_TYPE, refs))
+        names = dict.fromkeys(types)
+        if len(names) <= 1:
+            return {name: TypeChanges(keys, before, after) for name in names}
+        split: dict[str, TypeChanges] = {}
+        for name in names:
+            mine = list(map(name.__eq__, types))
+            split[name] = TypeChanges(
+                list(itertools.compress(keys, mine)),
+                list(itertools.compress(before, mine)),
+                list(itertools.compress(after, mine)),
+            )
+        return split
 
     @functools.cached_property
     def _changes(self) -> list[Change]:

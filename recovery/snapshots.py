@@ -42,9 +42,9 @@ from deltalake.fs import DeltaStorageHandler
 from deltalake.transaction import AddAction, RemoveAction
 
 from epochal.actors.api import App
-from epochal.actors.digest import DigestSum
+from epochal.actors.digest import DigestSum, hash_sum
 from epochal.actors.snapshots import Reported, Restored
-from epochal.actors.store import Change
+from epochal.actors.store import Change, changes_by_type
 from epochal.config import SnapshotConfig
 from epochal.errors import RecoveryError
 from epochal.log.client import KafkaClients
@@ -293,14 +293,16 @@ class DeltaSnapshots:
         outcomes (a cluster's workers, worker 0 adding the epochs without any) or whole
         (``commands``: then the part carries the outcomes of ``reported`` for the committer to
         join onto them)."""
-        by_type: dict[str, list[tuple[ActorKey, bytes | None]]] = {}
-        delta = 0
-        for change in changes:
-            by_type.setdefault(change.ref.actor_type, []).append((change.ref.key, change.after))
-            delta += change.digest_delta()
+        by_type = changes_by_type(changes)
+        delta = sum(
+            hash_sum(name, c.keys, c.after) - hash_sum(name, c.keys, c.before)
+            for name, c in by_type.items()
+        )
         files = tuple(
-            self._write_file(name, self.layouts[name].change_table(ssid, ssid, rows), worker)
-            for name, rows in sorted(by_type.items())
+            self._write_file(
+                name, self.layouts[name].change_table(ssid, ssid, c.keys, c.after), worker
+            )
+            for name, c in sorted(by_type.items())
         )
         logs = []
         archive = [commands_table(self.app, ssid, commands)] if commands else []
@@ -317,7 +319,8 @@ class DeltaSnapshots:
             logs.append(self._write_log("outbox", outbox_table(ssid, outbox), worker))
         joined = reported and not archived  # archived rows carry their outcomes already
         outcomes = msgspec.msgpack.encode(outcomes_of(reported)) if joined else b""
-        return SnapshotPart(ssid, worker, files, DigestSum(delta).hex(), len(changes),
+        changed = sum(len(c.keys) for c in by_type.values())
+        return SnapshotPart(ssid, worker, files, DigestSum(delta).hex(), changed,
                             logs=tuple(logs), outcomes=outcomes)  # fmt: skip
 
     def _archived_tables(

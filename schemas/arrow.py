@@ -19,6 +19,7 @@ the exact bytes whatever the columns show. Change rows add ``_ssid``, ``_epoch``
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +27,6 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 import pyarrow as pa
-
-from epochal.schemas.canonical import codec_for
 
 __all__ = ["RowLayout", "arrow_type"]
 
@@ -155,16 +154,22 @@ class RowLayout:
         ])  # fmt: skip
 
     def _field_columns(self, states: Sequence[bytes | None]) -> list[pa.Array]:
-        """A column per field from canonical bytes (None: a deleted actor, null fields)."""
+        """A column per field from canonical bytes (None: a deleted actor, null fields).
+
+        The values are decoded in one call, as one msgpack array of them, and each column is
+        taken from the rows in C: a snapshot of 100,000 changed actors spent a tenth of its
+        part here, a decode and a Python step per actor and field."""
         present = [s for s in states if s is not None]
-        decoded = msgspec.to_builtins(
-            [codec_for(self.state).decode(s) for s in present], builtin_types=_AS_IS
-        )
-        rows = iter(decoded)
-        full: list[dict[str, Any] | None] = [next(rows) if s is not None else None for s in states]
+        decoded = msgspec.to_builtins(_decoder_of(self.state)(_array_of(present)),
+                                      builtin_types=_AS_IS)  # fmt: skip
+        rows: list[dict[str, Any] | None] = decoded
+        if len(present) < len(states):
+            found = iter(decoded)
+            rows = [next(found) if s is not None else None for s in states]
+        get: Callable[[Any, str], Any] = dict.get if rows is decoded else _get_or_none
         columns = []
         for name, arrow in zip(self.fields, self.field_types, strict=True):
-            values = [None if row is None else row.get(name) for row in full]
+            values = list(map(get, rows, itertools.repeat(name)))
             if name in self.json_fields:
                 values = [None if v is None else msgspec.json.encode(v).decode() for v in values]
             columns.append(pa.array(values, type=arrow))
@@ -178,17 +183,43 @@ class RowLayout:
         return pa.Table.from_arrays(columns, schema=self.state_schema())
 
     def change_table(
-        self, ssid: int, epoch: int, rows: Sequence[tuple[Any, bytes | None]]
+        self, ssid: int, epoch: int, keys: Sequence[Any], states: Sequence[bytes | None]
     ) -> pa.Table:
-        """The change rows of one snapshot: ``(key, canonical bytes or None if deleted)``."""
-        n = len(rows)
-        states = [s for _, s in rows]
+        """The change rows of one snapshot: ``states[i]`` is ``keys[i]``'s canonical bytes, or
+        None if it was deleted."""
+        n = len(keys)
         columns = [
             pa.array([ssid] * n, type=pa.int64()),
             pa.array([epoch] * n, type=pa.int64()),
-            pa.array([k for k, _ in rows], type=self.key_arrow_type),
-            pa.array([s is None for s in states], type=pa.bool_()),
+            pa.array(keys, type=self.key_arrow_type),
+            pa.array(list(map(_is_none, states)), type=pa.bool_()),
             pa.array(states, type=pa.binary()),
             *self._field_columns(states),
         ]
         return pa.Table.from_arrays(columns, schema=self.change_schema())
+
+
+def _get_or_none(row: dict[str, Any] | None, name: str) -> Any:
+    return None if row is None else row.get(name)
+
+
+def _is_none(value: object) -> bool:
+    return value is None
+
+
+@functools.cache
+def _decoder_of(state: type[msgspec.Struct]) -> Callable[[bytes], list[Any]]:
+    """Decodes a msgpack array of canonical values of ``state`` in one call."""
+    return msgspec.msgpack.Decoder(list[state]).decode  # type: ignore[valid-type]
+
+
+def _array_of(values: Sequence[bytes]) -> bytes:
+    """The msgpack array of already encoded ``values``: its header, then them."""
+    n = len(values)
+    if n < 16:
+        header = bytes([0x90 | n])
+    elif n < 2**16:
+        header = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        header = b"\xdd" + n.to_bytes(4, "big")
+    return header + b"".join(values)

@@ -9,8 +9,8 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epochal.actors.digest import DigestSum, state_digest
-from epochal.actors.store import ChangedSince, ChangeEnds, StateStore
+from epochal.actors.digest import DigestSum, hash_sum, item_hash, state_digest
+from epochal.actors.store import ChangedSince, ChangeEnds, StateStore, changes_by_type
 from epochal.schemas.commands import KeyRef, PartitionId
 
 P = PartitionId(0)
@@ -101,6 +101,18 @@ def test_what_crosses_to_the_snapshot_process_makes_the_same_changes(
     assert all(len(c.refs) == len(c.partitions) == len(c.before) == len(c.after) for c in columns)
     again = ChangedSince.of_columns(columns)
     assert list(again) == list(taken)
+    by_type = again.by_type()  # what a part writes and hashes: the same changes, per type
+    assert by_type == changes_by_type(list(taken))
+    assert sorted(by_type) == sorted({c.ref.actor_type for c in taken})
+    for name, columns_of_type in by_type.items():
+        mine = [c for c in taken if c.ref.actor_type == name]
+        assert columns_of_type.keys == [c.ref.key for c in mine]
+        assert columns_of_type.before == [c.before for c in mine]
+        assert columns_of_type.after == [c.after for c in mine]
+        hashed = hash_sum(name, columns_of_type.keys, columns_of_type.after) - hash_sum(
+            name, columns_of_type.keys, columns_of_type.before
+        )
+        assert hashed == sum(c.digest_delta() for c in mine)
 
 
 @settings(max_examples=50, deadline=None)
@@ -193,3 +205,24 @@ def test_reads_and_snapshots_match_the_whole_history(steps: list[tuple]) -> None
         keys, _ = store.keys_from("T", None)  # every actor that existed since the floor
         lived = {r.key for _, r, _ in history if any(at(r, c) for c in range(floor, epoch + 1))}
         assert set(keys) >= lived
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(["Account", "é", "x" * 40]),
+    st.lists(
+        st.tuples(
+            st.one_of(st.integers(-(2**63), 2**64 - 1), st.text(max_size=40)),
+            st.one_of(st.none(), st.binary(max_size=40)),
+        ),
+        max_size=20,
+    ),
+)
+def test_a_sum_of_hashes_of_one_type_is_the_sum_of_its_item_hashes(
+    actor_type: str, items: list[tuple[int | str, bytes | None]]
+) -> None:
+    """A part hashes its changed actors type by type, without building each item's msgpack;
+    the sum is the one the item hashes give (every key type, every length of name)."""
+    keys, values = [k for k, _ in items], [v for _, v in items]
+    expected = sum(item_hash(KeyRef(actor_type, k), v) for k, v in items if v is not None)
+    assert hash_sum(actor_type, keys, values) == expected

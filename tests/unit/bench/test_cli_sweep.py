@@ -22,7 +22,7 @@ def _points(argv: list[str]) -> list[cli.Point]:
     """The points ``epochal bench tstream-gs ARGV`` runs, as its parser reads them."""
     parser = cli._workload_parser(GrepSum)
     args = parser.parse_args(argv)
-    point = cli.Point(GrepSum(zipf=args.zipf), args.epoch_records)
+    point = cli.Point(GrepSum(zipf=args.zipf), args.epoch_records, args.snapshots)
     return cli._swept(parser, point, args.sweep)
 
 
@@ -35,6 +35,26 @@ def test_a_sweep_of_epoch_records_varies_the_clusters_alone() -> None:
         Setup(ROOT, 2, epoch_records=100),
         Setup(ROOT, 2, epoch_records=2_000),
     ]
+
+
+def test_a_sweep_of_snapshots_runs_the_clusters_with_and_without_them(tmp_path: Path) -> None:
+    """``--sweep snapshots=default,off,500`` at a workload's own actor count: each point's
+    cluster starts with its snapshot flags (none for the default), and reports say which."""
+    points = _points(["--epoch-records", "500", "--sweep", "snapshots=default,off,500"])
+    assert [p.setup(1) for p in points] == [
+        Setup(ROOT, 1, "default", 500),
+        Setup(ROOT, 1, "off", 500),
+        Setup(ROOT, 1, "500", 500),
+    ]
+    assert [p.parameters()["snapshots"] for p in points] == ["default", "off", "500"]
+    commands = [_command(p.setup(1), "a:app", "n", "b:9092", port_base=1, run_dir=tmp_path)
+                for p in points]  # fmt: skip
+    assert ["--no-snapshots" in c for c in commands] == [False, True, False]
+    assert [c[c.index("--snapshot-interval-ms") + 1] for c in commands[2:]] == ["500"]
+    (given,) = _points(["--snapshots", "off"])
+    assert given.setup(2) == Setup(ROOT, 2, "off") and given.parameters()["snapshots"] == "off"
+    (default,) = _points([])
+    assert default.setup(2) == Setup(ROOT, 2) and "snapshots" not in default.parameters()
 
 
 def test_a_sweep_of_a_parameter_keeps_the_epoch_records_given() -> None:
@@ -50,6 +70,8 @@ def test_a_sweep_of_a_parameter_keeps_the_epoch_records_given() -> None:
         ("epoch_ms=10,20", "with FIELD one of ['length', "),
         ("epoch_records=0,100", "epoch_records: 1 record or more, not 0"),
         ("epoch_records=many", "invalid literal for int()"),
+        ("snapshots=default,0", "snapshots: off, weak or an interval in ms, not '0'"),
+        ("snapshots=never", "snapshots: off, weak or an interval in ms, not 'never'"),
     ],
 )
 def test_a_sweep_the_clusters_cannot_run_is_a_usage_error(

@@ -8,10 +8,11 @@ from typing import Any, Literal
 
 import msgspec
 import pyarrow as pa
+import pytest
 
 from epochal.actors.windows import CountWindow
 from epochal.schemas.arrow import RowLayout
-from epochal.schemas.canonical import encode_canonical
+from epochal.schemas.canonical import decode_canonical, encode_canonical
 
 
 class Color(enum.Enum):
@@ -70,11 +71,26 @@ def test_rows_carry_typed_values_and_the_exact_canonical_bytes() -> None:
 
 
 def test_change_rows_mark_deletions_with_null_values() -> None:
-    table = RowLayout.of(Inner, int).change_table(
-        7, 7, [(1, None), (2, encode_canonical(Inner(9)))]
-    )
+    table = RowLayout.of(Inner, int).change_table(7, 7, [1, 2], [None, encode_canonical(Inner(9))])
     assert table.to_pylist() == [
         {"_ssid": 7, "_epoch": 7, "_key": 1, "_deleted": True, "_state": None, "a": None},
         {"_ssid": 7, "_epoch": 7, "_key": 2, "_deleted": False,
          "_state": encode_canonical(Inner(9)), "a": 9},
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("actors", "deleted_every"), [(0, 0), (15, 0), (16, 0), (65_535, 0), (65_536, 0), (40, 7)]
+)
+def test_the_columns_of_many_values_are_each_value_decoded_on_its_own(
+    actors: int, deleted_every: int
+) -> None:
+    """A part's values are decoded as one msgpack array: every size of its header (a fixarray
+    up to 15, array 16 up to 65,535, array 32 above), deletions anywhere."""
+    states = [None if deleted_every and i % deleted_every == 3 else encode_canonical(Inner(i))
+              for i in range(actors)]  # fmt: skip
+    table = RowLayout.of(Inner, int).change_table(4, 4, list(range(actors)), states)
+    assert table.column("a").to_pylist() == [
+        None if s is None else decode_canonical(s, Inner).a for s in states
+    ]
+    assert table.column("_deleted").to_pylist() == [s is None for s in states]
