@@ -89,9 +89,11 @@ workers, and through their baselines (the workload's rules in plain Python, and 
 exactly-once pipe, over the same Kafka batches): medians of 3 interleaved runs, transactions
 per second, ratios, CPU microseconds per transaction by role, peak memory. Their parameters are
 flags: epochal bench ycsbt --help; --epoch-records N closes the clusters' epochs after N
-records (TStream's punctuation interval; or 20 ms, whichever comes first). --sweep FIELD=V1,V2
-runs once per value of a parameter or of epoch_records, and adds the sweep as a table and a
-line plot. bank, long, queries, recovery, restart and snapshots keep flags of their own.
+records (TStream's punctuation interval; or 20 ms, whichever comes first); --snapshots off, weak
+or an interval in ms changes the clusters' snapshots. --sweep FIELD=V1,V2 runs once per value of
+a parameter, of epoch_records or of snapshots, and adds the sweep as a table and a line plot
+(from the drains: with --transactions 0 and --rate, each point's latency is its own report).
+bank, long, queries, recovery, restart and snapshots keep flags of their own.
 
 long drains a backlog of 10,000,000 bank transfers (--transfers) on 2 workers and reports the
 memory of every process against the transfers drained (flat or not), rollbacks, and whether
@@ -113,28 +115,34 @@ BENCHMARKS.md (with the workloads' scaling from 1 to 2 workers).
   epochal bench ycsbt --zipf 0.99 --multi-partition 0.25
   epochal bench tstream gs --read-ratio 0.8
   epochal bench tstream-gs --sweep epoch_records=100,500,2000,5000
+  epochal bench tspoon-bank --workers 1 --rate 15000 --sweep snapshots=default,off
   epochal bench leaderboard --rate search
   epochal bench long --quick
   epochal bench all --quick"""
 BASELINES = ("workload", "pipe")
 CLUSTER = ClusterConfig()  # epochal run's defaults
 # Point's cluster settings (a --sweep may vary them too), each with how a --sweep value reads
-CLUSTER_SETTINGS: dict[str, Callable[[str], Any]] = {"epoch_records": int}
+CLUSTER_SETTINGS: dict[str, Callable[[str], Any]] = {"epoch_records": int, "snapshots": str}
 
 
 @dataclass(frozen=True)
 class Point:
     """What one report measures: a workload, on clusters with these settings (None: the
     checkout's default, no flag). ``epoch_records``: an epoch closes after this many records
-    (or ``epochal run``'s 20 ms): TStream's punctuation interval. A sweep's value is one of the
-    workload's fields or one of these settings."""
+    (or ``epochal run``'s 20 ms): TStream's punctuation interval. ``snapshots``: ``off``,
+    ``weak`` (weak recovery) or an interval in ms (what snapshots cost, at a workload's own
+    actor count). A sweep's value is one of the workload's fields or one of these settings."""
 
     workload: Workload
     epoch_records: int | None = None
+    snapshots: str | None = None
 
     def __post_init__(self) -> None:
         if self.epoch_records is not None and self.epoch_records < 1:
             raise ValueError(f"epoch_records: 1 record or more, not {self.epoch_records}")
+        known = self.snapshots in {None, "off", "weak", "default"}
+        if not known and not (str(self.snapshots).isdigit() and int(str(self.snapshots)) >= 1):
+            raise ValueError(f"snapshots: off, weak or an interval in ms, not {self.snapshots!r}")
 
     def parameters(self) -> dict[str, Any]:
         """The workload's parameters and the settings given: what a report records (and what a
@@ -143,7 +151,7 @@ class Point:
         return {**self.workload.parameters(), **given}
 
     def setup(self, workers: int) -> Setup:
-        return Setup(ROOT, workers, epoch_records=self.epoch_records)
+        return Setup(ROOT, workers, self.snapshots or "default", self.epoch_records)
 
 
 def _workload_parser(kind: type[Workload]) -> argparse.ArgumentParser:
@@ -169,7 +177,12 @@ def _workload_parser(kind: type[Workload]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--sweep",
         metavar="FIELD=V1,V2",
-        help="run once per value of a parameter or of epoch_records",
+        help="run once per value of a parameter, of epoch_records or of snapshots",
+    )
+    parser.add_argument(
+        "--snapshots",
+        help="off, weak (weak recovery) or an interval in ms (None: epochal run's "
+        f"{CLUSTER.snapshot_interval_ms} ms)",
     )
     common_flags(parser)
     return parser
@@ -485,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _settled(parser, parser.parse_args(rest))
         try:
             workload = kind(**{f.name: getattr(args, f.name) for f in dataclasses.fields(kind)})
-            point = Point(workload, args.epoch_records)
+            point = Point(workload, args.epoch_records, args.snapshots)
         except ValueError as exc:  # a parameter out of its range: a usage error, not a trace
             parser.error(str(exc))
         field = args.sweep.partition("=")[0].replace("-", "_") if args.sweep else None
@@ -542,7 +555,7 @@ def _run(
     scaling, each of :func:`measures`, and BENCHMARKS.md from every result."""
     try:
         reports = _run_workloads(points, args)
-        if sweep is not None:
+        if sweep is not None and args.transactions > 0:  # open loop alone: no drain to sweep
             _save_sweep(sweeps.summary(reports, sweep), args.out)
         swept = [_sweep(points, field, args) for points, field in sweep_plan()] if full else []
     except CheckFailed as failed:

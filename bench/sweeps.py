@@ -38,6 +38,11 @@ SWEPT: dict[str, tuple[str, str]] = {
         f"an epoch closes after this many records or after {_CLUSTER.epoch_ms} ms, whichever "
         f"comes first; epochal run's default is {_CLUSTER.epoch_records:,} (`--epoch-records`)",
     ),
+    "snapshots": (
+        "snapshots",
+        f"off, weak (weak recovery), an interval in ms, or default: epochal run's, every "
+        f"{_CLUSTER.snapshot_interval_ms:,} ms (`--snapshots`)",
+    ),
 }
 
 

@@ -145,3 +145,22 @@ def test_the_command_line_sweep_saves_one_point_per_epoch_size(
         (200, 5.0),
         (1000, 1.0),
     ]
+
+
+def test_a_sweep_of_open_loop_runs_alone_saves_no_throughput_sweep(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--transactions 0 --rate N --sweep snapshots=default,off``: no drain, so no throughput
+    table of empty rows; each point's report (its latency) is all there is."""
+    seen: list[list[cli.Point]] = []
+
+    def reports(points: list[cli.Point], args: argparse.Namespace) -> list[dict[str, Any]]:
+        seen.append(points)
+        return []
+
+    monkeypatch.setattr(cli, "_run_workloads", reports)
+    argv = ["tspoon-bank", "--transactions", "0", "--rate", "100", "--sweep",
+            "snapshots=default,off", "--out", str(tmp_path)]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert [p.snapshots for p in seen[0]] == ["default", "off"]
+    assert not list(tmp_path.glob("*sweep*"))
