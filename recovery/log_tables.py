@@ -91,21 +91,8 @@ OUTBOX_SCHEMA = pa.schema([
 
 
 def _keys(keys: Sequence[KeyRef]) -> list[str]:
-    return [_key_text(k) for k in keys]
-
-
-def _key_text(key: KeyRef) -> str:
-    """``Type:repr(key)``, remembered: the same actors recur in every snapshot's rows."""
-    text = _KEY_TEXTS.get(key)
-    if text is None:
-        if len(_KEY_TEXTS) >= _KEY_TEXTS_MAX:
-            _KEY_TEXTS.clear()
-        text = _KEY_TEXTS[key] = f"{key.actor_type}:{key.key!r}"
-    return text
-
-
-_KEY_TEXTS: dict[KeyRef, str] = {}
-_KEY_TEXTS_MAX = 200_000
+    """Each key as its text, ``Type:repr(key)`` (what the ``keys`` column holds)."""
+    return [f"{key.actor_type}:{key.key!r}" for key in keys]
 
 
 def commands_table(app: App, ssid: int, records: Sequence[EpochRecord]) -> pa.Table:
@@ -209,6 +196,8 @@ _EVENT = operator.attrgetter("event")
 _ORIGIN = operator.attrgetter("origin")
 _SOURCE = operator.attrgetter("source")
 _KEYS = operator.attrgetter("keys")
+_KEY = operator.attrgetter("key")
+_ACTOR_TYPE = operator.attrgetter("actor_type")
 
 
 def _per_epoch(records: Sequence[EpochRecord], counts: Iterable[int]) -> dict[str, pa.Array]:
@@ -225,15 +214,20 @@ def _per_epoch(records: Sequence[EpochRecord], counts: Iterable[int]) -> dict[st
 
 
 def _key_lists(commands: Sequence[CommandTxn], rows: int) -> pa.Array:
-    """The ``keys`` column: each transaction's keys as text, then an empty list per row left."""
+    """The ``keys`` column: each transaction's keys as text (:func:`_keys`), then an empty list
+    per row left. The texts are joined by Arrow from each key's type and ``repr``, taken in C:
+    a dict of texts looked up by key hashed every key of every transaction, a sixth of a
+    snapshot part of 33,000 transfers over 100,000 accounts."""
     keys = list(map(_KEYS, commands))
-    flat = list(map(_KEY_TEXTS.get, itertools.chain.from_iterable(keys)))
-    if None in flat:  # an actor not seen lately: its text is made once
-        flat = [text or _key_text(k) for text, k in
-                zip(flat, itertools.chain.from_iterable(keys), strict=True)]  # fmt: skip
+    flat = list(itertools.chain.from_iterable(keys))
+    texts = pc.binary_join_element_wise(
+        pa.array(list(map(_ACTOR_TYPE, flat)), pa.string()),
+        pa.array(list(map(repr, map(_KEY, flat))), pa.string()),
+        ":",
+    )
     ends = list(itertools.accumulate(map(len, keys), initial=0))
     ends += [ends[-1]] * (rows - len(commands))
-    return pa.ListArray.from_arrays(pa.array(ends, pa.int32()), pa.array(flat, pa.string()))
+    return pa.ListArray.from_arrays(pa.array(ends, pa.int32()), texts)
 
 
 _ORIGINS = {origin: origin.name.lower() for origin in Origin}

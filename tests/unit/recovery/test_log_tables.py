@@ -43,13 +43,16 @@ def test_event_json_in_batches_is_the_event_json_of_each(events: list[tuple[str,
             json.loads(text)
 
 
+_KEY_REFS = st.lists(st.one_of(
+    st.builds(KeyRef, st.just("Account"), st.integers(-(2**63), 2**64 - 1)),
+    st.builds(KeyRef, st.just("Tag"), st.text(max_size=6)),  # quotes, escapes, surrogates
+), max_size=3).map(tuple)  # fmt: skip
 _TXN = st.builds(
-    lambda handler, account, origin, at, request: CommandTxn(
-        0, handler, msgspec.msgpack.encode(Deposit(account, 1)),
-        (KeyRef("Account", account), KeyRef("Account", account + 1))[: 1 + account % 2],
-        origin, at, request,
+    lambda handler, account, keys, origin, at, request: CommandTxn(
+        0, handler, msgspec.msgpack.encode(Deposit(account, 1)), keys, origin, at, request,
     ),
-    st.sampled_from(["deposit", "gone"]), st.integers(0, 39), st.sampled_from(list(Origin)),
+    st.sampled_from(["deposit", "gone"]), st.integers(0, 39), _KEY_REFS,
+    st.sampled_from(list(Origin)),
     st.one_of(st.none(), st.builds(InputPosition, st.just("testbank.in.x"), st.integers(0, 3),
                                    st.integers(0, 10**6))),
     st.sampled_from(["", "r-1"]),
