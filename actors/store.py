@@ -154,35 +154,39 @@ class ChangedSince(Sequence[Change]):
     def ends(self) -> ChangeEnds:
         """Each actor's value at the floor and at the snapshot (all a change needs), and its
         partition, in the order the actors were first written: dict merges and copies in C,
-        no Python step per actor. ``last`` and ``partition_of`` take the same keys in the same
-        order, so their keys and values line up (an update keeps a key where it first came)."""
+        no Python step per actor."""
         if self._ends is None:
-            epochs = self.columns()
-            first: dict[KeyRef, bytes | None] = {}
-            for e in reversed(epochs):  # the oldest epoch's value wins
-                first.update(zip(e.refs, e.before, strict=True))
-            last: dict[KeyRef, bytes | None] = {}
+            refs, before, after = self._merged
             partition_of: dict[KeyRef, PartitionId] = {}
-            for e in epochs:
-                last.update(zip(e.refs, e.after, strict=True))
+            for e in self.columns():  # the keys of ``last``, in its order: the values line up
                 partition_of.update(zip(e.refs, e.partitions, strict=True))
-            refs = list(last)
-            self._ends = ChangeEnds(
-                refs,
-                list(partition_of.values()),
-                list(map(first.__getitem__, refs)),
-                list(last.values()),
-            )
+            self._ends = ChangeEnds(refs, list(partition_of.values()), before, after)
         return self._ends
+
+    @functools.cached_property
+    def _merged(self) -> tuple[list[KeyRef], list[bytes | None], list[bytes | None]]:
+        """The actors in the order they were first written, their values at the floor and at
+        the snapshot. ``last`` keeps each key where it first came (an update does not move it),
+        so its keys and values line up; each pass over the writes hashes every key once (10 ms
+        for 70,000 writes), so :meth:`by_type`, which needs no partitions, makes three."""
+        epochs = self.columns()
+        first: dict[KeyRef, bytes | None] = {}
+        for e in reversed(epochs):  # the oldest epoch's value wins
+            first.update(zip(e.refs, e.before, strict=True))
+        last: dict[KeyRef, bytes | None] = {}
+        for e in epochs:
+            last.update(zip(e.refs, e.after, strict=True))
+        refs = list(last)
+        return refs, list(map(first.__getitem__, refs)), list(last.values())
 
     def by_type(self) -> dict[str, TypeChanges]:
         """The actors whose value changed, as columns per actor type (what a snapshot part
         writes and hashes), selected and split in C."""
-        ends = self.ends()
-        changed = list(map(operator.ne, ends.before, ends.after))
-        refs = list(itertools.compress(ends.refs, changed))
-        before = list(itertools.compress(ends.before, changed))
-        after = list(itertools.compress(ends.after, changed))
+        every, at_floor, now = self._merged
+        changed = list(map(operator.ne, at_floor, now))
+        refs = list(itertools.compress(every, changed))
+        before = list(itertools.compress(at_floor, changed))
+        after = list(itertools.compress(now, changed))
         keys = list(map(_KEY, refs))
         types = list(map(_ACTOR_TYPE, refs))
         names = dict.fromkeys(types)
