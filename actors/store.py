@@ -74,15 +74,6 @@ class Change:
     before: bytes | None
     after: bytes | None
 
-    def digest_delta(self) -> int:
-        """What this change adds to the state digest (mod 2**256 when summed)."""
-        delta = 0
-        if self.before is not None:
-            delta -= item_hash(self.ref, self.before)
-        if self.after is not None:
-            delta += item_hash(self.ref, self.after)
-        return delta
-
 
 class ChangeEnds(msgspec.Struct, frozen=True):
     """Actors' values before and after a stretch of epochs, and their partitions, as columns:
