@@ -30,6 +30,7 @@ from epochal.actors.api import App
 from epochal.actors.snapshots import Reported
 from epochal.errors import RecoveryError
 from epochal.schemas.canonical import encode_canonical
+from epochal.schemas.codec import array_header
 from epochal.schemas.commands import CommandTxn, EpochRecord, KeyRef, Origin
 from epochal.schemas.snapshots import OutboxRow, Outcomes
 
@@ -264,7 +265,7 @@ class _EventJson:
         handlers = self.app.handlers
         rows = [i for i, (handler, _) in enumerate(events) if handler in handlers]
         joined = _BOUNDARY.join([events[i][1] for i in rows])
-        array = b"\xdd" + (2 * len(rows)).to_bytes(4, "big") + joined + _BOUNDARY
+        array = array_header(2 * len(rows)) + joined + _BOUNDARY
         lines: list[bytes | None] = []
         try:
             values = _plain(array)

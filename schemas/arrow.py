@@ -28,6 +28,8 @@ import msgspec
 import msgspec.inspect as mi
 import pyarrow as pa
 
+from epochal.schemas.codec import array_header
+
 __all__ = ["RowLayout", "arrow_type"]
 
 _AS_IS = (bytes, bytearray, memoryview)  # binary columns, not base64 strings
@@ -160,8 +162,8 @@ class RowLayout:
         taken from the rows in C: a snapshot of 100,000 changed actors spent a tenth of its
         part here, a decode and a Python step per actor and field."""
         present = [s for s in states if s is not None]
-        decoded = msgspec.to_builtins(_decoder_of(self.state)(_array_of(present)),
-                                      builtin_types=_AS_IS)  # fmt: skip
+        values = _decoder_of(self.state)(array_header(len(present)) + b"".join(present))
+        decoded = msgspec.to_builtins(values, builtin_types=_AS_IS)
         rows: list[dict[str, Any] | None] = decoded
         if len(present) < len(states):
             found = iter(decoded)
@@ -211,15 +213,3 @@ def _is_none(value: object) -> bool:
 def _decoder_of(state: type[msgspec.Struct]) -> Callable[[bytes], list[Any]]:
     """Decodes a msgpack array of canonical values of ``state`` in one call."""
     return msgspec.msgpack.Decoder(list[state]).decode  # type: ignore[valid-type]
-
-
-def _array_of(values: Sequence[bytes]) -> bytes:
-    """The msgpack array of already encoded ``values``: its header, then them."""
-    n = len(values)
-    if n < 16:
-        header = bytes([0x90 | n])
-    elif n < 2**16:
-        header = b"\xdc" + n.to_bytes(2, "big")
-    else:
-        header = b"\xdd" + n.to_bytes(4, "big")
-    return header + b"".join(values)

@@ -13,7 +13,7 @@ import msgspec
 
 from epochal.errors import SchemaError
 
-__all__ = ["Decoder", "decode", "encode"]
+__all__ = ["Decoder", "array_header", "decode", "encode"]
 
 T = TypeVar("T")
 
@@ -25,6 +25,12 @@ _decoders: dict[Any, Decoder[Any]] = {}
 def encode(record: object) -> bytes:
     """msgpack bytes of a record."""
     return _encoder.encode(record)
+
+
+def array_header(items: int) -> bytes:
+    """The header of a msgpack array of ``items`` values (always the 32-bit form, which every
+    reader takes): put before values already encoded, they decode as one array in one call."""
+    return b"\xdd" + items.to_bytes(4, "big")
 
 
 def decode(data: bytes, record_type: type[T]) -> T:

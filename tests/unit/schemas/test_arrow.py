@@ -85,8 +85,8 @@ def test_change_rows_mark_deletions_with_null_values() -> None:
 def test_the_columns_of_many_values_are_each_value_decoded_on_its_own(
     actors: int, deleted_every: int
 ) -> None:
-    """A part's values are decoded as one msgpack array: every size of its header (a fixarray
-    up to 15, array 16 up to 65,535, array 32 above), deletions anywhere."""
+    """A part's values are decoded as one msgpack array, whatever their count (at and around
+    the counts where msgpack's header forms change), deletions anywhere."""
     states = [None if deleted_every and i % deleted_every == 3 else encode_canonical(Inner(i))
               for i in range(actors)]  # fmt: skip
     table = RowLayout.of(Inner, int).change_table(4, 4, list(range(actors)), states)
