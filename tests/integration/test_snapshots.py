@@ -120,6 +120,48 @@ def test_an_unfinished_commit_is_put_back_and_a_commit_is_idempotent(tmp_path: P
     assert ssids.count(second.epoch) == rows_of_second  # put back, then once: no doubles
 
 
+def test_a_committer_sees_what_another_left_in_the_tables_it_keeps_open(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A committer keeps its tables open between commits: another committer (the next
+    generation's, a recovery job) that commits snapshots or leaves one unfinished meanwhile is
+    seen at its next commit, which puts back what was left and keeps every manifest."""
+    records = _log(epochs=12)
+    expected = {r.epoch: r.digest for r in SerialOracle(app).run(records)}
+    config = SnapshotConfig(str(tmp_path / "warehouse"), keep=2)
+    first, second = (DeltaSnapshots(app, config, partitions=4) for _ in range(2))
+    first.ensure_tables(app.code_hash())
+    second.ensure_tables(app.code_hash())
+    results = asyncio.run(Engine(app, 4, snapshots=True).run(records))
+    cuts = [r for r in results if r.changes is not None]  # epochs 2, 5, 8, 11
+
+    def commit(snapshots: DeltaSnapshots, result: EpochResult) -> Manifest:
+        part = snapshots.write(result.epoch, 0, result.changes or [])
+        part = with_log_position(part, records[result.epoch], result.epoch + 1, [])
+        manifest = snapshots.commit([part], result.epoch)
+        snapshots.retain(manifest)
+        return manifest
+
+    commit(first, cuts[0])
+    commit(second, cuts[1])
+    # the second is killed after merging the third snapshot's state, before its manifest row
+    part = second.write(cuts[2].epoch, 0, cuts[2].changes or [])
+    second._merge_state("Account", [f for f in part.files if f.actor_type == "Account"])
+    with caplog.at_level(logging.WARNING, logger="epochal.recovery.snapshots"):
+        third = commit(first, cuts[2])
+    assert "putting back a table an unfinished snapshot moved on" in caplog.text
+    fourth = commit(second, cuts[3])
+    assert [m.ssid for m in first.manifests()] == [third.ssid, fourth.ssid]  # keep=2
+    assert fourth.state_versions["Account"] == third.state_versions["Account"] + 1
+    for manifest in (third, fourth):
+        assert manifest.digest == expected[manifest.ssid]
+        restored = first.restore(manifest.ssid)
+        assert restored is not None and restored.manifest == manifest
+        engine = Engine(app, 4)
+        engine.load(restored.actors, manifest.epoch, carried_of(manifest))
+        assert engine.digest() == expected[manifest.ssid]
+
+
 def test_snapshots_past_expiry_add_one_state_version_each_and_restore_nothing(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
