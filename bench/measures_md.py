@@ -166,9 +166,10 @@ def _long(result: dict[str, Any], cores: int) -> list[str]:
         "",
         "RSS of each process, sampled every second and set against the transfers drained; the "
         f"warm-up is the first {result['warmup_transfers']:,} transfers. *Growth* is a "
-        "least-squares line through the samples after the warm-up, from there to the end: "
-        f"a process is flat if it grows less than {result['flat_mb']:.0f} MB (over at least "
-        f"{MIN_SPAN:,} transfers).",
+        "least-squares line through the later half of the samples after the warm-up (a working "
+        "set that fills up rises early and stops; a leak keeps its slope to the end), drawn "
+        "from the warm-up to the end: a process is flat if it grows less than "
+        f"{result['flat_mb']:.0f} MB (over at least {MIN_SPAN:,} transfers).",
         "",
         "| process | after warm-up MB | at the end MB | peak MB | MB per 1M transfers "
         "| growth MB | flat |",

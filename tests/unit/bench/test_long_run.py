@@ -1,6 +1,7 @@
 """The long run's judgement: the RSS samples set against the transfers drained, a least-squares
-slope through those after the warm-up, and flat only when that line grows less than the bound
-over a run long enough to tell a leak from buffers filling."""
+slope through the later half of those after the warm-up, and flat only when that slope, drawn
+from the warm-up to the end, grows less than the bound over a run long enough to tell a leak
+from buffers filling."""
 
 from __future__ import annotations
 
@@ -64,6 +65,20 @@ def test_a_leak_of_a_few_bytes_a_transfer_is_not_flat() -> None:
     line = describe("worker0", judged, FLAT_MB)
     assert "NOT flat: +36.0 MB over 9.00M transfers (bound 20 MB)" in line, line
     assert line.startswith("worker0: 204 MB after the warm-up, 240 at the end, peak 240")
+
+
+def test_a_working_set_that_fills_after_the_warm_up_then_stops_is_flat() -> None:
+    # as worker 0's snapshot process over 30M transfers: +40 MB over the first 6M, then level
+    judged = flatness(_points(lambda x: 260 + 40 * min(x, 6e6) / 6e6, end=30_000_000), 3_000_000)
+    assert judged["flat"] is True and abs(judged["slope_mb_per_m"]) < 1e-9
+    assert judged["end_mb"] - judged["after_warmup_mb"] == pytest.approx(20.0)
+
+
+def test_a_leak_that_starts_late_is_not_flat() -> None:
+    # level until 5M, then 8 bytes a transfer: the later half's slope, drawn over the whole span
+    judged = flatness(_points(lambda x: 200 + 8 * max(0, x - 5e6) / 1e6), WARM)
+    assert judged["slope_mb_per_m"] == pytest.approx(8.0)
+    assert judged["growth_mb"] == pytest.approx(72.0) and judged["flat"] is False
 
 
 def test_a_run_too_short_to_tell_a_leak_from_filling_gives_its_figures_but_no_verdict() -> None:
