@@ -269,7 +269,7 @@ class DeltaSnapshots:
         this). Each table is opened once, then brought up to date by reading only the commits
         since, once per step (:meth:`_step`): within one, this process is the only writer and
         its writes move the object on. Opening each table afresh read its last checkpoint and
-        every commit after: a snapshot's commit and upkeep opened 17, 40 % of their CPU."""
+        every commit after: a snapshot's commit and upkeep opened 17, half of their CPU."""
         table = self._open.get(uri)
         if table is None:
             table = self._open[uri] = self._table(uri)
