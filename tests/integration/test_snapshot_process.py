@@ -69,6 +69,7 @@ def _snapshot_all(warehouse: str, answer: Connection) -> None:
     restored = forked.restore()
     title = process_title(forked.pid)
     niceness = (os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, forked.pid))
+    scheduler = os.sched_getscheduler(forked.pid)
     os.kill(forked.pid, signal.SIGINT)  # a Ctrl-C reaches the worker's whole process group
     os.kill(forked.pid, signal.SIGTERM)
     time.sleep(0.2)
@@ -86,6 +87,7 @@ def _snapshot_all(warehouse: str, answer: Connection) -> None:
             "restored": restored.manifest.ssid if restored else None,
             "title": title,
             "niceness": niceness,
+            "scheduler": scheduler,
             "raised": raised,
             "closed": process_title(pid),
         }
@@ -147,6 +149,7 @@ def test_snapshots_through_the_process_equal_the_oracle_and_its_errors_come_back
     assert seen["title"] == _TITLE  # and it took no notice of SIGINT and SIGTERM
     worker, snapshots = seen["niceness"]  # it yields the cores to the epoch loops
     assert snapshots == min(worker + NICENESS, 19)
+    assert seen["scheduler"] == os.SCHED_IDLE  # only on cores nothing else wants
     assert "in the snapshot process" in seen["raised"] and "NoSuchActor" in seen["raised"]
     assert seen["closed"] is None  # gone once closed, and reaped
 
