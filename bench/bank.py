@@ -247,9 +247,11 @@ def run_baseline(
 
 def run_steady(
     bootstrap: str, setup: Setup, *, rate: int, seconds: float, warmup: float, accounts: int,
-    port_base: int,
+    port_base: int, broker_pid: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Feed transfers at ``rate``/s while the cluster runs; latency per transfer."""
+    """Feed transfers at ``rate``/s while the cluster runs; latency per transfer, and the CPU
+    each role spent per transfer fed after ``warmup`` (a steady rate's epochs and Kafka
+    transactions are small: their fixed costs weigh more per transfer than in a drain)."""
     name = f"steady{setup.workers}w{uuid.uuid4().hex[:6]}"
     topic = f"{name}.in.transfers"
     clients = KafkaClients(KafkaConfig(bootstrap))
@@ -257,7 +259,7 @@ def run_steady(
     source = events(10**9, accounts, seed=1)
     produce_events(bootstrap, topic, [next(source) for _ in range(accounts + 1)])  # + a probe
     latencies = EgressWatcher(clients, name)
-    with ClusterProcess(setup, name, bootstrap, port_base) as cluster:
+    with ClusterProcess(setup, name, bootstrap, port_base, broker_pid) as cluster:
         latencies.start()
         deadline = time.monotonic() + 180
         while not latencies.out and time.monotonic() < deadline:
@@ -265,8 +267,9 @@ def run_steady(
         if not latencies.out:
             raise SystemExit(f"{name}: the probe transfer never came out")
         stamps: dict[int, int] = {}
-        feed_started_ms = time.time() * 1000
+        feed_started_ms, fed_from = time.time() * 1000, time.monotonic()
         sent = feed_at_rate(bootstrap, topic, source, rate, seconds, stamps=stamps)
+        cpu = cluster.sampler.cpu_between(fed_from + warmup, time.monotonic())
         deadline = time.monotonic() + 60
         while len(latencies.out) < sent + 1 and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -278,6 +281,7 @@ def run_steady(
     by_seen = [latencies.out[o][1] - stamps[o] for o in done]
     return {
         **cluster.facts(),
+        "cpu_us_per_tx": {role: 1e6 * s / max(1, len(counted)) for role, s in sorted(cpu.items())},
         "rate": rate,
         "seconds": seconds,
         "sent": sent,
@@ -376,6 +380,9 @@ def _print_steady(results: list[dict[str, Any]]) -> None:
             ", ".join(map(str, r["rollbacks_runs"])),
         )  # fmt: skip
     console.print(table)
+    for r in results:
+        cpu = ", ".join(f"{role} {us:.1f}" for role, us in r["cpu_us_per_tx"].items())
+        console.print(f"CPU us per transfer at {r['rate']:,}/s, median run ({_label(r)}): {cpu}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -474,7 +481,7 @@ def _run_all(args: argparse.Namespace, bootstrap: str, setups: list[Setup]) -> d
                 console.print(f"steady {rate:,}/s for {args.seconds:.0f} s: {setup.label}")
                 steady[setup].append(run_steady(
                     bootstrap, setup, rate=rate, seconds=args.seconds, warmup=args.warmup,
-                    accounts=args.accounts, port_base=port,
+                    accounts=args.accounts, port_base=port, broker_pid=args.broker_pid,
                 ))  # fmt: skip
         report["steady"] = [_median_steady(r) for r in steady.values()]
         _print_steady(report["steady"])
