@@ -88,6 +88,10 @@ __all__ = ["Sequencer"]
 logger = logging.getLogger(__name__)
 
 _KAFKA_TIMEOUT_S = 30.0
+_GROUP_OFFSETS_EVERY_S = 1.0
+"""How often an epoch's transaction also commits the group's offsets: they are for monitoring
+tools only, and with each of fifty epochs a second they were two of the transaction's five
+requests to the broker (and a marker in its offsets topic)."""
 _DISCOVERY_S = 5.0  # how often new topics named like inputs (or new partitions) are looked for
 _DISCOVERY_TIMEOUT_S = 2.0
 _FOREVER = {"retention.ms": str(FOREVER), "retention.bytes": str(FOREVER)}
@@ -146,6 +150,7 @@ class Sequencer:
         self.schedule = SnapshotSchedule(config.snapshot_interval_ms, config.snapshot_every_epochs)
         self._assigned: set[tuple[str, int]] = set()  # the input partitions being read
         self.last_epoch = -1  # the last epoch logged (or sent) by this process
+        self._offsets_committed_at = -_GROUP_OFFSETS_EVERY_S  # monotonic: the first epoch commits
         self.input_lag: dict[str, int] = {}  # "topic:partition" -> records not yet sequenced
         self.metrics = Metrics(app=config.app, role="sequencer")
         self.metrics.describe("epochal_epochs_total", "counter", "epochs logged")
@@ -444,10 +449,14 @@ class Sequencer:
         )  # fmt: skip
 
     def _log(self, producer: Producer, consumer: Consumer, sequenced: SequencedEpoch) -> None:
-        """One Kafka transaction: the epoch's chunks, its dead letters, the group's offsets."""
+        """One Kafka transaction: the epoch's chunks, its dead letters, and, once a second and
+        at a final epoch, the group's offsets."""
         started = time.monotonic()
         record = sequenced.record
         positions = self._group_offsets(record.next_offsets)
+        with_offsets = (
+            record.final or started - self._offsets_committed_at >= _GROUP_OFFSETS_EVERY_S
+        )
         try:
             producer.begin_transaction()
             for chunk in chunk_epoch(record, self.config.chunk_bytes):
@@ -457,14 +466,17 @@ class Sequencer:
                 producer.produce(
                     self.names.dead_letters, self.encode_dead_letter(dead), key=dead.key
                 )
-            producer.send_offsets_to_transaction(
-                positions, consumer.consumer_group_metadata(), _KAFKA_TIMEOUT_S
-            )
+            if with_offsets:
+                producer.send_offsets_to_transaction(
+                    positions, consumer.consumer_group_metadata(), _KAFKA_TIMEOUT_S
+                )
             producer.commit_transaction(_KAFKA_TIMEOUT_S)
         except KafkaException as exc:
             raise translate_kafka_error(exc, "cannot log the epoch", epoch=record.epoch) from exc
         except BufferError as exc:
             raise LogError(f"cannot log the epoch: {exc}", epoch=record.epoch) from exc
+        if with_offsets:
+            self._offsets_committed_at = started
         self._count(sequenced, started)
         self._measure_lag(consumer, positions)
 

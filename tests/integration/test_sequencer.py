@@ -231,7 +231,7 @@ def test_a_restart_after_the_group_offsets_were_deleted_sequences_nothing_twice(
             )
         _wait_for(lambda: len(_txns(kafka, name)) == 20, "the first 20 transactions", run)
     group = f"{name}.sequencer"
-    assert _group_offsets(kafka, group)  # committed with each epoch, for monitoring tools
+    assert _group_offsets(kafka, group)  # committed once a second, for monitoring tools
     admin = kafka.admin()
     for future in admin.delete_consumer_groups([group], request_timeout=WAIT_S).values():
         future.result(WAIT_S)
