@@ -42,6 +42,6 @@ def test_a_steady_rate_reports_latency_and_cpu_per_transfer_by_role(
     assert run["counted"] >= 1_000, run  # the warm-up's second left out
     assert 0 < run["latency_ms"]["p50"] <= run["latency_ms"]["p99"], run
     cpu = run["cpu_us_per_tx"]
-    assert {"worker0", "sequencer", "bench"} <= set(cpu), run
-    assert all(us > 0 for us in cpu.values()), run
+    busy = ("worker0", "sequencer", "bench")  # an idle role (the supervisor) may read 0
+    assert all(cpu[role] > 0 for role in busy) and min(cpu.values()) >= 0, cpu
     assert "CPU us per transfer at 400/s" in done.stdout, done.stdout

@@ -186,7 +186,7 @@ def test_restarts_after_idle_and_busy_stops_go_on_whatever_retention_trimmed(
 
     start()
     end, running = cluster.kafka.end_offset(command_log), cluster.processes[-1]
-    cluster.produce(4000)  # 100 epochs of 40: the stop comes right after the first
+    cluster.produce(20_000)  # 500 epochs of 40: the stop, right after the first, lands mid-way
     logged = lambda: cluster.kafka.end_offset(command_log) > end  # noqa: E731
     wait_until(logged, 60, "no epoch logged", lambda: running.poll() is None, cluster.log)
     cluster.stop()
