@@ -123,14 +123,17 @@ def _what_snapshots_cost(runs: list[dict[str, Any]], steady: list[dict[str, Any]
             "(half the slowest drain's rate), latency from the input record's timestamp to its "
             "egress record's, the warm-up left out; the median run by p99:",
             "",
-            "| configuration | p50 ms | p99 ms | p99.9 ms | p99 of each run, ms |",
-            "|---|---|---|---|---|",
+            "| configuration | p50 ms | p99 ms | p99.9 ms | p99 of each run, ms "
+            "| CPU µs per transfer by role |",
+            "|---|---|---|---|---|---|",
         ]
         for r in steady:
             ms, each = r["latency_ms"], ", ".join(f"{p:.0f}" for p in r.get("p99_runs", []))
+            cpu = r.get("cpu_us_per_tx", {})  # a result from before steady runs measured it: -
+            roles = ", ".join(f"{role} {us:.1f}" for role, us in cpu.items()) or "-"
             lines.append(
                 f"| {_cluster(r)} | {ms['p50']:.0f} | {ms['p99']:.0f} | {ms['p99.9']:.0f} "
-                f"| {each} |"
+                f"| {each} | {roles} |"
             )
         lines.append("")
         for workers in sorted({r["workers"] for r in steady}):

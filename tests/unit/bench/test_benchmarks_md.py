@@ -391,6 +391,7 @@ def test_the_bank_sets_snapshots_against_none_in_throughput_and_p99_beside_s_que
     the section says what they cost: the share of throughput and the p99 they add."""
     off = [{**r, "snapshots": "off", "tps": r["tps"] * 1.25} for r in BANK["results"]]
     steady = [_steady(1, "default", 40.0), _steady(1, "off", 31.0), _steady(2, "default", 60.0)]
+    steady[0]["cpu_us_per_tx"] = {"broker": 21.25, "worker0": 19.75}
     result = {**BANK, "accounts": 10_000, "results": [*BANK["results"], *off], "steady": steady}
     text = _measures_text(_measure("bank", result))
     bank = _section(text, "bank (TSpoon's transfers, on the example's 10,000 accounts)")
@@ -401,7 +402,8 @@ def test_the_bank_sets_snapshots_against_none_in_throughput_and_p99_beside_s_que
     )
     assert "- 2 worker(s): 25,000 transfers/s with snapshots, 31,250 without: they cost 20%" in bank
     assert "Steady at 12,500 transfers/s for 30 s" in bank
-    assert "| epochal, 1 worker(s), snapshots off | 8 | 31 | 62 | 31, 32 |" in bank
+    assert "| epochal, 1 worker(s), snapshots off | 8 | 31 | 62 | 31, 32 | - |" in bank
+    assert "| 40, 41 | broker 21.2, worker0 19.8 |" in bank  # the CPU at that rate, by role
     assert "- 1 worker(s): snapshots add +9 ms at p99 (against snapshots add **5 ms**" in bank
     assert "2 worker(s): snapshots add" not in bank  # no steady run without them to set against
     assert "5.0x on 1 worker(s), 6.0x on 2 worker(s), against TSpoon's 7x" in bank  # defaults
