@@ -79,7 +79,7 @@ from bench.processes import (
     count_egress,
     end_offset,
 )
-from bench.report import plot_bars
+from bench.report import cpu_by_role, plot_bars
 from bench.scratch import broker_unless, cleans_up
 from bench.workloads.base import Record
 from epochal.config import KafkaConfig
@@ -353,7 +353,7 @@ def _print_backlog(
         rss = ", ".join(f"{role} {mb:.0f}" for role, mb in sorted(r["peak_rss_mb"].items()))
         console.print(f"peak RSS MB ({_label(r)}): {rss}")
     for r in results + baselines:
-        cpu = ", ".join(f"{role} {us:.1f}" for role, us in r["cpu_us_per_tx"].items())
+        cpu = cpu_by_role(r["cpu_us_per_tx"])
         per = "record" if r.get("unit") == "records" else "transfer"
         console.print(f"CPU us per {per}, median run ({_label(r)}): {cpu}")
     for r in results:
@@ -381,7 +381,7 @@ def _print_steady(results: list[dict[str, Any]]) -> None:
         )  # fmt: skip
     console.print(table)
     for r in results:
-        cpu = ", ".join(f"{role} {us:.1f}" for role, us in r["cpu_us_per_tx"].items())
+        cpu = cpu_by_role(r["cpu_us_per_tx"])
         console.print(f"CPU us per transfer at {r['rate']:,}/s, median run ({_label(r)}): {cpu}")
 
 

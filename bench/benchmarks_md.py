@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import latency, measures_md, scaling, sweeps
-from bench.report import rate, slug, timed
+from bench.report import cpu_by_role, rate, slug, timed
 
 __all__ = ["PNGS", "client_ordered_line", "render", "write"]
 
@@ -98,7 +98,7 @@ def _section(report: dict[str, Any], cores: int, plotted: set[str]) -> list[str]
         unit = " records/s" if r.get("unit") == "records" else ""
         is_timed = timed(r)
         ratios = r.get("ratio_to", {}) if is_timed else {}
-        cpu = ", ".join(f"{role} {us:.1f}" for role, us in r["cpu_us_per_tx"].items())
+        cpu = cpu_by_role(r["cpu_us_per_tx"])
         core_rate = f"{r['tps'] / cores:,.0f}" if is_timed else "-"
         lines.append(
             f"| {label} | {rate(r, unit)} | {core_rate} | "

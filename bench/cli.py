@@ -59,7 +59,7 @@ from bench import (
 from bench.client_ordered import client_ordered
 from bench.drain import ROOT, CheckFailed, drain_baseline, drain_cluster
 from bench.processes import Setup
-from bench.report import machine, plot_bars, rate, slug, timed, write_result
+from bench.report import cpu_by_role, machine, plot_bars, rate, slug, timed, write_result
 from bench.scratch import broker_unless, cleans_up
 from bench.steady import search_sustainable, steady_run
 from bench.workloads import WORKLOADS
@@ -390,7 +390,7 @@ def _print(report: dict[str, Any]) -> None:
     for r in report["results"] + report["baselines"]:
         label = r.get("baseline") or f"epochal, {r['workers']} worker(s)"
         ratio = r.get("ratio_to", {}).get("plain Python") if timed(r) else None
-        cpu = ", ".join(f"{role} {us:.1f}" for role, us in r["cpu_us_per_tx"].items())
+        cpu = cpu_by_role(r["cpu_us_per_tx"])
         table.add_row(
             label,
             rate(r),

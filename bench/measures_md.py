@@ -14,7 +14,7 @@ from typing import Any
 
 from bench.long_run import MIN_SPAN, NOT_JUDGED
 from bench.queries import engine_with_queries, summarize
-from bench.report import slug
+from bench.report import cpu_by_role, slug
 
 __all__ = ["section"]
 
@@ -72,7 +72,7 @@ def _bank(result: dict[str, Any], cores: int) -> list[str]:
         label = r.get("baseline") or _cluster(r)
         pipe = r.get("unit") == "records"  # its rate counts deposits too: no slowdown
         slowdown = "-" if pipe else f"{plain / r['tps']:.1f}x"
-        cpu = ", ".join(f"{role} {us:.1f}" for role, us in r["cpu_us_per_tx"].items())
+        cpu = cpu_by_role(r["cpu_us_per_tx"])
         lines.append(
             f"| {label} | {r['tps']:,.0f}{' records/s' if pipe else ''} | {r['tps'] / cores:,.0f} "
             f"| {slowdown} | {r['rollbacks']} | {cpu} |"
@@ -129,8 +129,7 @@ def _what_snapshots_cost(runs: list[dict[str, Any]], steady: list[dict[str, Any]
         ]
         for r in steady:
             ms, each = r["latency_ms"], ", ".join(f"{p:.0f}" for p in r.get("p99_runs", []))
-            cpu = r.get("cpu_us_per_tx", {})  # a result from before steady runs measured it: -
-            roles = ", ".join(f"{role} {us:.1f}" for role, us in cpu.items()) or "-"
+            roles = cpu_by_role(r.get("cpu_us_per_tx", {}))  # older results measured none: -
             lines.append(
                 f"| {_cluster(r)} | {ms['p50']:.0f} | {ms['p99']:.0f} | {ms['p99.9']:.0f} "
                 f"| {each} | {roles} |"

@@ -161,3 +161,9 @@ def rate(result: dict[str, Any], unit: str = "") -> str:
 def cell(value: float | None) -> str:
     """A :func:`measured` rate in a table's cell: "-" where there is none."""
     return "-" if value is None else f"{value:,.0f}"
+
+
+def cpu_by_role(cpu: dict[str, float]) -> str:
+    """CPU µs per transaction by role, as a report prints it: "bench 1.0, worker0 15.8"; "-"
+    for a run that measured none."""
+    return ", ".join(f"{role} {us:.1f}" for role, us in cpu.items()) or "-"
