@@ -275,3 +275,26 @@ def test_a_worker_sees_positions_committed_after_another_workers_zombie_transact
             writer.close()
     assert state.start(1) == 5, "the position committed behind the open transaction"
     assert state.start(0) == 0, "the zombie's transaction was aborted"
+
+
+def test_a_commit_larger_than_the_producers_queue_writes_every_record_once_in_order(
+    kafka: KafkaClients,
+) -> None:
+    """A backlog's egress commit may hold more records than librdkafka's local queue: the
+    writer waits for room at the record that found it full and goes on from there, losing,
+    repeating and reordering nothing."""
+    name = f"egq{uuid.uuid4().hex[:8]}"
+    topic = TopicNames(name).egress("receipts")
+    ensure_positions_topic(kafka, name)
+    kafka.create_topics([topic])
+    writer = EgressWriter(kafka, name, 0, 1, queue_records=40)
+    try:
+        values = [f"receipt {i}".encode() for i in range(1_000)]
+        for value in values:
+            writer.add(topic, value)
+        writer.commit(9)
+    finally:
+        writer.close()
+    read = kafka.read_range(topic, {0: (0, kafka.end_offset(topic))}, "reading receipts")
+    assert [message.value() for message in read] == values
+    assert read_egress_state(kafka, name).start(0) == 9
