@@ -70,6 +70,33 @@ class Step(msgspec.Struct):
     reads: Reads | None = None
 
 
+_Shape = tuple[tuple[int, ...], tuple[int, ...] | None, PartitionId | None]
+"""How a transaction on some partitions falls to one worker: the workers it runs on, the
+indices of its keys on this worker (None: all of them) and the partition that reports it here
+(None: another worker's)."""
+
+_SHAPES: dict[tuple[tuple[int, ...], int], dict[tuple[PartitionId, ...], _Shape | None]] = {}
+_MAX_SHAPES = 4_096  # distinct partition tuples kept per layout: (partitions) ** (keys) at most
+
+
+def _shape_of(
+    parts: tuple[PartitionId, ...], worker_of: tuple[int, ...], worker: int
+) -> _Shape | None:
+    """The :data:`_Shape` of a transaction on ``parts`` for ``worker``; None if it does not
+    run there. One without keys: partition 0's worker runs and reports it."""
+    if not parts:
+        return ((worker,), None, PartitionId(0)) if worker_of[0] == worker else None
+    owners = [worker_of[p] for p in parts]
+    if worker not in owners:
+        return None
+    lowest = min(parts)
+    reporter = lowest if worker_of[lowest] == worker else None
+    if all(owner == worker for owner in owners):
+        return (worker,), None, reporter
+    local = tuple([i for i, owner in enumerate(owners) if owner == worker])
+    return tuple(sorted(set(owners))), local, reporter
+
+
 def plan_share(
     app: App,
     record: EpochRecord,
@@ -81,34 +108,31 @@ def plan_share(
 ) -> list[Step]:
     """This worker's share of an epoch, in timestamp order (``worker_of[p]`` runs partition p):
     the transactions that touch a key of its partitions, and those without keys if it runs
-    partition 0. One pass: each transaction's partitions are looked up once, and only the
-    events of this worker's transactions are decoded."""
+    partition 0. One pass: each transaction's partitions are looked up once, what they mean
+    for this worker is worked out once per distinct tuple of partitions (a few, however many
+    transactions), and only the events of this worker's transactions are decoded."""
     epoch, skipped = record.epoch, record.skipped
     partitions_of = ranges.partitions_of_keys
-    keyless = (worker_of[0],)
+    layout = (tuple(worker_of), worker)
+    shapes = _SHAPES.get(layout)
+    if shapes is None or len(shapes) > _MAX_SHAPES:
+        shapes = _SHAPES[layout] = {}
     steps: list[Step] = []
     for seq, txn, origin in epoch_order(record, carried):
         keys = txn.keys
         parts = partitions_of(keys)
-        workers: tuple[int, ...]
-        reporter: PartitionId | None
-        if not parts:  # partition 0 runs and reports it
-            if keyless[0] != worker:
-                continue
-            workers, local, local_parts, reporter = keyless, keys, parts, PartitionId(0)
+        try:
+            shape = shapes[parts]
+        except KeyError:
+            shape = shapes[parts] = _shape_of(parts, layout[0], worker)
+        if shape is None:
+            continue
+        workers, here, reporter = shape
+        if here is None:
+            local, local_parts = keys, parts
         else:
-            owners = [worker_of[p] for p in parts]
-            mine = owners.count(worker)
-            if not mine:
-                continue
-            lowest = min(parts)
-            reporter = lowest if worker_of[lowest] == worker else None
-            if mine == len(owners):
-                workers, local, local_parts = (worker,), keys, parts
-            else:
-                workers = tuple(sorted(set(owners)))
-                local = tuple([ref for ref, w in zip(keys, owners, strict=True) if w == worker])
-                local_parts = tuple([p for p, w in zip(parts, owners, strict=True) if w == worker])
+            local = tuple([keys[i] for i in here])
+            local_parts = tuple([parts[i] for i in here])
         invocation = invocation_of(app, epoch, seq, txn, skipped, origin=origin)
         steps.append(Step(invocation, workers, local, local_parts, reporter))
     return steps
@@ -157,18 +181,12 @@ class EpochExecutor:
         reported: dict[PartitionId, list[TxnOutcome]] = {p: [] for p in self.partitions}
         app, values, apply, epoch = self.app, self.store.values, self.store.apply, clock.epoch
         partitions_of = ranges.partitions_of_keys
+        taking_part: dict[tuple[PartitionId, ...], int] = {}  # transactions per partition tuple
         for invocation in plan:
             keys = invocation.keys
             parts = partitions_of(keys)
-            if len(parts) == 1:
-                reporter = parts[0]
-                ran[reporter] += 1
-            elif parts:
-                reporter = min(parts)
-                for p in set(parts):
-                    ran[p] += 1
-            else:  # no keys: partition 0 reports it
-                reporter = PartitionId(0)
+            taking_part[parts] = taking_part.get(parts, 0) + 1
+            reporter = min(parts) if parts else PartitionId(0)  # no keys: partition 0 reports
             RUNNING.invocation = invocation  # for the watchdog of a handler that hangs
             try:
                 outcome = run_transaction(app, invocation, values, clock)
@@ -178,6 +196,9 @@ class EpochExecutor:
                 for ref, value in outcome.writes.items():
                     apply(ref, parts[keys.index(ref)], value, epoch)
             reported[reporter].append(outcome)
+        for parts, count in taking_part.items():
+            for p in set(parts):
+                ran[p] += count
         return reported
 
     async def run_epoch(
