@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from epochal.actors.api import App
@@ -42,6 +42,7 @@ from epochal.log.command_log import KafkaCommandLog, LoggedEpoch
 from epochal.log.egress import (
     EgressState,
     EgressWriter,
+    Staged,
     ensure_positions_topic,
     read_egress_state,
     write_layout,
@@ -90,27 +91,35 @@ class EgressEncoder:
 
     def records(self, outcome: TxnOutcome) -> list[tuple[str, bytes]]:
         """(topic, value) of what one reported outcome writes."""
-        o = outcome
-        records: list[tuple[str, bytes]] = []
-        if o.client:
-            reply = ClientReply(o.request_id, o.epoch, o.seq, o.handler, o.committed, o.reason,
-                                o.result)  # fmt: skip
-            records.append((self._replies, encode(reply)))
-        if o.committed:
-            if o.egress:
-                encode_record, topic = self._encode_record, self._topic
-                records += [
-                    (topic(name), encode_record(EgressRecord(o.epoch, o.seq, o.handler, True,
-                                                value, "", o.source, o.request_id)))
-                    for name, value in o.egress
-                ]  # fmt: skip
-            return records
-        aborts_to = self._app.handlers[o.handler].aborts_to
-        if aborts_to is not None:
-            record = EgressRecord(o.epoch, o.seq, o.handler, False, b"", o.reason, o.source,
-                                  o.request_id)  # fmt: skip
-            records.append((self._topic(aborts_to), self._encode_record(record)))
-        return records
+        return [(topic, value) for topic, value, _ in self.staged([outcome])]
+
+    def staged(self, outcomes: Iterable[TxnOutcome]) -> list[Staged]:
+        """What reported ``outcomes`` write, in their order, as an egress writer stages it
+        (topic, value, no key): one loop over a partition's outcomes of an epoch, not a list
+        per outcome."""
+        encode_record, topic, replies = self._encode_record, self._topic, self._replies
+        staged: list[Staged] = []
+        append = staged.append
+        for o in outcomes:
+            if o.client:
+                reply = ClientReply(
+                    o.request_id, o.epoch, o.seq, o.handler, o.committed, o.reason, o.result
+                )
+                append((replies, encode(reply), None))
+            if o.committed:
+                for name, value in o.egress:
+                    record = EgressRecord(
+                        o.epoch, o.seq, o.handler, True, value, "", o.source, o.request_id
+                    )
+                    append((topic(name), encode_record(record), None))
+                continue
+            aborts_to = self._app.handlers[o.handler].aborts_to
+            if aborts_to is not None:
+                record = EgressRecord(
+                    o.epoch, o.seq, o.handler, False, b"", o.reason, o.source, o.request_id
+                )
+                append((topic(aborts_to), encode_record(record), None))
+        return staged
 
 
 def stage_egress(
@@ -123,15 +132,11 @@ def stage_egress(
     is skipped by a writer that covers it): each partition's outcomes, and on
     :data:`DEAD_LETTER_PARTITION`'s writer the dead letters of transactions an operator skipped
     (``epochal skip``), so each is written once however often the epoch is replayed."""
-    records = EgressEncoder(app).records
+    staged = EgressEncoder(app).staged
     for partition, outcomes in result.by_partition.items():
         writer = writers[partition]
-        if logged.position < writer.covered:
-            continue
-        add = writer.add
-        for outcome in outcomes:
-            for topic, value in records(outcome):
-                add(topic, value)
+        if logged.position >= writer.covered:
+            writer.stage(staged(outcomes))
     dead = writers.get(PartitionId(DEAD_LETTER_PARTITION))
     if dead is not None and logged.position >= dead.covered:
         encode_letter = app.egress_codec.dead_letter

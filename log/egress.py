@@ -161,6 +161,10 @@ class EgressWriter:
     def add(self, topic: str, value: bytes, key: bytes | None = None) -> None:
         self._pending.append((topic, value, key))
 
+    def stage(self, records: list[Staged]) -> None:
+        """:meth:`add` each of ``records``, in order."""
+        self._pending.extend(records)
+
     def commit(self, next_position: int) -> None:
         """Produce what is pending and record ``next_position`` as covered, atomically."""
         self.commit_batch(self.take(), next_position)

@@ -214,6 +214,9 @@ class _Released:
     def add(self, topic: str, value: bytes, key: bytes | None = None) -> None:
         self.added.append((topic, value, key))
 
+    def stage(self, records: list[tuple[str, bytes, bytes | None]]) -> None:
+        self.added.extend(records)
+
 
 def test_an_operators_skip_releases_its_dead_letter_in_the_apps_format() -> None:
     for egress_format in EgressFormat:
