@@ -76,7 +76,9 @@ indices of its keys on this worker (None: all of them) and the partition that re
 (None: another worker's)."""
 
 _SHAPES: dict[tuple[tuple[int, ...], int], dict[tuple[PartitionId, ...], _Shape | None]] = {}
-_MAX_SHAPES = 4_096  # distinct partition tuples kept per layout: (partitions) ** (keys) at most
+"""The shapes worked out so far, per (``worker_of``, worker): a process plans under one layout
+at a time, and an epoch's transactions fall on a few distinct tuples of partitions."""
+_MAX_SHAPES = 4_096  # per layout: more are forgotten at once and worked out again
 
 
 def _shape_of(
@@ -181,11 +183,11 @@ class EpochExecutor:
         reported: dict[PartitionId, list[TxnOutcome]] = {p: [] for p in self.partitions}
         app, values, apply, epoch = self.app, self.store.values, self.store.apply, clock.epoch
         partitions_of = ranges.partitions_of_keys
-        taking_part: dict[tuple[PartitionId, ...], int] = {}  # transactions per partition tuple
+        by_parts: dict[tuple[PartitionId, ...], int] = {}  # transactions per partition tuple
         for invocation in plan:
             keys = invocation.keys
             parts = partitions_of(keys)
-            taking_part[parts] = taking_part.get(parts, 0) + 1
+            by_parts[parts] = by_parts.get(parts, 0) + 1
             reporter = min(parts) if parts else PartitionId(0)  # no keys: partition 0 reports
             RUNNING.invocation = invocation  # for the watchdog of a handler that hangs
             try:
@@ -196,7 +198,7 @@ class EpochExecutor:
                 for ref, value in outcome.writes.items():
                     apply(ref, parts[keys.index(ref)], value, epoch)
             reported[reporter].append(outcome)
-        for parts, count in taking_part.items():
+        for parts, count in by_parts.items():
             for p in set(parts):
                 ran[p] += count
         return reported

@@ -193,9 +193,9 @@ class EgressWriter:
         self.covered = next_position
 
     def _produce_all(self, batch: list[Staged]) -> None:
-        """Produce every record of ``batch`` in order: one bound call each (a method call per
-        record was half of egress's CPU), :meth:`_produce`'s wait for the one that finds the
-        local queue full."""
+        """Produce every record of ``batch`` in order: the producer's bound method called
+        directly (not :meth:`_produce`, a Python call more per record), and :meth:`_produce`'s
+        wait for the one that finds the local queue full."""
         produce = self._producer.produce
         for topic, value, key in batch:
             try:
