@@ -364,9 +364,10 @@ class App:
 
     def declared_keys(self, handler: Handler, event: object) -> tuple[KeyRef, ...]:
         """The handler's key set for one event, checked and sorted (a deterministic order)."""
-        refs: set[KeyRef] = set()
+        refs: list[KeyRef] = []
+        by_class = self._by_class
         for cls, keys in handler.keys(event).items():
-            actor_type = self.actor_type(cls)
+            actor_type = by_class.get(cls) or self.actor_type(cls)  # raises: not an actor type
             name, key_type = actor_type.name, actor_type.key_type
             for key in keys:
                 if type(key) is not key_type:
@@ -375,8 +376,8 @@ class App:
                         f"{name} keys are {key_type.__name__}",
                         handler=handler.name,
                     )
-                refs.add(KeyRef(name, key))
-        ordered = tuple(sorted(refs)) if len(refs) > 1 else tuple(refs)
+                refs.append(KeyRef(name, key))
+        ordered = _sorted_set(refs)
         try:
             encode(ordered)  # in one call: the command log must hold every key
         except (OverflowError, UnicodeEncodeError):
@@ -449,6 +450,16 @@ class App:
         if self._code_hash is None or self._code_hash[0] != registered:
             self._code_hash = (registered, code_hash(objects))
         return self._code_hash[1]
+
+
+def _sorted_set(refs: list[KeyRef]) -> tuple[KeyRef, ...]:
+    """``refs`` without repeats, sorted; two (a transfer's) without building a set."""
+    if len(refs) == 2:
+        first, second = refs
+        if first == second:
+            return (first,)
+        return (first, second) if first < second else (second, first)
+    return tuple(sorted(set(refs))) if len(refs) > 1 else tuple(refs)
 
 
 def _loggable(key: ActorKey) -> bool:

@@ -137,6 +137,7 @@ def order(
         batch.border(record)
     for record in sorted(requests, key=_BY_PARTITION_OFFSET):
         batch.client(record, sequenced_requests)
+    batch.end_run()
     epoch_record = EpochRecord(
         stamp.epoch, stamp.now_ms, stamp.seed, stamp.code_hash, tuple(batch.txns),
         batch.next_offsets, stamp.snapshot,
@@ -160,7 +161,7 @@ class _Batch:
     txns: list[CommandTxn] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     seen: dict[str, int] = field(default_factory=dict)
-    position_keys: dict[tuple[str, int], str] = field(default_factory=dict)  # made once each
+    run: InputRecord | None = None  # the last record of the partition being read
 
     def border(self, record: InputRecord) -> None:
         if self._advance(record):
@@ -209,18 +210,26 @@ class _Batch:
         )
 
     def _advance(self, record: InputRecord) -> bool:
-        """Move the position past ``record``; True if it was skipped (now a dead letter)."""
-        partition = (record.topic, record.partition)
-        position = self.position_keys.get(partition)
-        if position is None:
-            position = self.position_keys[partition] = position_key(*partition)
-        self.next_offsets[position] = max(self.next_offsets.get(position, 0), record.offset + 1)
+        """Move the position past ``record``; True if it was skipped (now a dead letter).
+        Records come sorted, a partition's in one run: its position is written once, when the
+        run ends (:meth:`end_run`)."""
+        run = self.run
+        if run is not None and (record.partition != run.partition or record.topic != run.topic):
+            self.end_run()
+        self.run = record
         if not self.skipped or (record.topic, record.partition, record.offset) not in self.skipped:
             return False
         self.dead.append(
             dead_letter(record, SKIPPED_REASON, self.dead_letter_bytes, self.egress_format)
         )
         return True
+
+    def end_run(self) -> None:
+        """Write the position after the run of records just read (none: nothing to write)."""
+        run, self.run = self.run, None
+        if run is not None:
+            position = position_key(run.topic, run.partition)
+            self.next_offsets[position] = max(self.next_offsets.get(position, 0), run.offset + 1)
 
 
 def _reason(exc: BaseException) -> str:

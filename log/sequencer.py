@@ -437,8 +437,10 @@ class Sequencer:
         requests: list[InputRecord] = []
         requests_topic = self.names.requests  # a property: not once per record
         for m in messages:
+            kind, stamp_ms = m.timestamp()  # :func:`_timestamp_ms`, inline: once per record
+            stamp_ms = -1 if kind == TIMESTAMP_NOT_AVAILABLE else stamp_ms
             record = InputRecord(m.topic() or "", m.partition() or 0, m.offset() or 0,
-                                 m.value() or b"", m.key(), _timestamp_ms(m))  # fmt: skip
+                                 m.value() or b"", m.key(), stamp_ms)  # fmt: skip
             (requests if record.topic == requests_topic else inputs).append(record)
         seed = int.from_bytes(os.urandom(8), "big") >> 1
         stamp = EpochStamp(state.epoch, now_ms, seed, self.code_hash, self.schedule.due(now_ms))

@@ -19,6 +19,7 @@ T = TypeVar("T")
 
 _encoder = msgspec.msgpack.Encoder()
 _JSON_STARTS = frozenset(b"{[")
+_JSON_OR_SPACE = _JSON_STARTS | frozenset(b" \t\n\r\x0b\x0c")  # what bytes.lstrip strips
 _decoders: dict[Any, Decoder[Any]] = {}
 
 
@@ -53,8 +54,10 @@ class Decoder(Generic[T]):
         self._name = getattr(record_type, "__name__", None) or str(record_type)  # unions: none
 
     def __call__(self, data: bytes) -> T:
-        head = data.lstrip()[:1]
-        is_json = bool(head) and head[0] in _JSON_STARTS
+        is_json = False
+        if data and data[0] in _JSON_OR_SPACE:  # else msgpack, with no copy to find out
+            head = data.lstrip()[:1]
+            is_json = bool(head) and head[0] in _JSON_STARTS
         try:
             record: T = self._json.decode(data) if is_json else self._msgpack.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:

@@ -12,11 +12,14 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from epochal.actors.api import App
 from epochal.actors.context import Context
 from epochal.errors import ConfigError, SchemaError
 from epochal.schemas.canonical import decode_canonical
+from epochal.schemas.commands import KeyRef
 
 
 class Untagged(msgspec.Struct):
@@ -123,6 +126,18 @@ def test_routing_logs_the_canonical_event() -> None:
     assert routed.event == msgspec.msgpack.encode(AlsoTagged("a", 3.0))  # 3 stored as 3.0
 
 
+@given(
+    st.lists(st.sampled_from(["a", "b", "c"]), max_size=4),
+    st.lists(st.integers(-2, 2), max_size=4),
+)
+def test_the_declared_keys_are_each_key_once_in_sorted_order(
+    items: list[str], slots: list[int]
+) -> None:
+    routed = _route(lambda e: {Slot: slots, Item: items})
+    expected = {KeyRef("Item", k) for k in items} | {KeyRef("Slot", k) for k in slots}
+    assert routed.keys == tuple(sorted(expected))
+
+
 def _recurse(e: Any) -> Any:
     return _recurse(e)
 
@@ -136,6 +151,7 @@ def _recurse(e: Any) -> Any:
         (lambda e: {Item: [1]}, "has type int; Item keys are str"),
         (lambda e: {Slot: [True]}, "has type bool; Slot keys are int"),
         (lambda e: 1 / 0, "key function failed: ZeroDivisionError"),
+        (lambda e: {Plain: ["a"]}, "not a registered actor type"),
     ],
 )
 def test_a_key_function_that_fails_or_gives_bad_keys_makes_a_dead_letter(
