@@ -34,7 +34,13 @@ from epochal.actors.api import App
 from epochal.actors.context import run_transaction
 from epochal.actors.outcome import BY_SEQ, Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
-from epochal.actors.plan import EpochClock, Invocation, epoch_order, invocation_of
+from epochal.actors.plan import (
+    EpochClock,
+    Invocation,
+    checked_before,
+    epoch_order,
+    invocation_of,
+)
 from epochal.actors.store import StateStore
 from epochal.actors.watchdog import RUNNING
 from epochal.schemas.commands import EpochRecord, KeyRef, PartitionId
@@ -113,7 +119,7 @@ def plan_share(
     partition 0. One pass: each transaction's partitions are looked up once, what they mean
     for this worker is worked out once per distinct tuple of partitions (a few, however many
     transactions), and only the events of this worker's transactions are decoded."""
-    epoch, skipped = record.epoch, record.skipped
+    epoch, skipped, checked = record.epoch, record.skipped, checked_before(app, record)
     partitions_of = ranges.partitions_of_keys
     layout = (tuple(worker_of), worker)
     shapes = _SHAPES.get(layout)
@@ -135,7 +141,7 @@ def plan_share(
         else:
             local = tuple([keys[i] for i in here])
             local_parts = tuple([parts[i] for i in here])
-        invocation = invocation_of(app, epoch, seq, txn, skipped, origin=origin)
+        invocation = invocation_of(app, epoch, seq, txn, skipped, origin=origin, checked=checked)
         steps.append(Step(invocation, workers, local, local_parts, reporter))
     return steps
 

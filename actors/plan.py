@@ -23,6 +23,7 @@ __all__ = [
     "Emitted",
     "EpochClock",
     "Invocation",
+    "checked_before",
     "emitted_by",
     "ensure_same_code",
     "epoch_order",
@@ -71,10 +72,12 @@ def emitted_by(outcomes: Iterable[TxnOutcome]) -> list[Emitted]:
     return sorted(found, key=BY_EMIT_ORDER)
 
 
-def _decoded(handler: Handler, data: bytes) -> tuple[object, str]:
-    """The event, or the reason it no longer decodes (a log replayed under changed code)."""
+def _decoded(handler: Handler, data: bytes, checked: bool) -> tuple[object, str]:
+    """The event, or the reason it no longer decodes (a log replayed under changed code).
+    ``checked``: these bytes passed this schema's checks already (:func:`checked_before`)."""
+    codec = handler.codec
     try:
-        return handler.codec.decode(data), ""
+        return (codec.decode_checked if checked else codec.decode)(data), ""
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         return None, f"event no longer decodes as {handler.event.__name__}: {exc}"
 
@@ -102,11 +105,18 @@ def _handler(app: App, name: str, epoch: int, seq: int) -> Handler:
 def plan_epoch(app: App, record: EpochRecord, carried: list[Emitted]) -> list[Invocation]:
     """Interior transactions first, then the logged ones in seq order; those an operator
     skipped (``record.skipped``) abort with the reason, unread."""
-    epoch, skipped = record.epoch, record.skipped
+    epoch, skipped, checked = record.epoch, record.skipped, checked_before(app, record)
     return [
-        invocation_of(app, epoch, seq, txn, skipped, origin=origin)
+        invocation_of(app, epoch, seq, txn, skipped, origin=origin, checked=checked)
         for seq, txn, origin in epoch_order(record, carried)
     ]
+
+
+def checked_before(app: App, record: EpochRecord) -> bool:
+    """True if the sequencer checked the events of ``record`` with the schemas that run it:
+    it logged them under the running code, and no deploy re-coded the epoch since. Their
+    constraints cannot fail again (the same bytes, the same checks): they are not run twice."""
+    return record.code_hash == app.code_hash() and not record.recoded
 
 
 def epoch_order(
@@ -122,14 +132,16 @@ def epoch_order(
 
 def invocation_of(
     app: App, epoch: int, seq: int, txn: CommandTxn | Emitted, skipped: Mapping[int, str], *,
-    origin: Origin,
+    origin: Origin, checked: bool = False,
 ) -> Invocation:  # fmt: skip
-    """The invocation of a logged transaction, or of an interior one at ``seq``."""
+    """The invocation of a logged transaction, or of an interior one at ``seq``. ``checked``:
+    the epoch's logged events were checked by the schemas that run them (:func:`checked_before`);
+    an interior one is checked again (it may come from a snapshot of older code)."""
     handler = _handler(app, txn.handler, epoch, seq)
     if seq in skipped:  # an operator sent it to the dead letters: it aborts as planned
         return Invocation(epoch, seq, handler, None, txn.keys, origin, skipped[seq], txn.source,
                           txn.request_id, AbortKind.SKIPPED)  # fmt: skip
-    event, error = _decoded(handler, txn.event)
+    event, error = _decoded(handler, txn.event, checked and origin is not Origin.INTERIOR)
     return Invocation(epoch, seq, handler, event, txn.keys, origin, error, txn.source,
                       txn.request_id)  # fmt: skip
 

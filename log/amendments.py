@@ -100,7 +100,10 @@ class Amendments:
         if code_hash == record.code_hash and not skips:
             return record
         skipped = {seq: SKIPPED_REASON for seq in skips or ()}
-        return msgspec.structs.replace(record, code_hash=code_hash, skipped=skipped)
+        recoded = record.recoded or code_hash != record.code_hash
+        return msgspec.structs.replace(
+            record, code_hash=code_hash, skipped=skipped, recoded=recoded
+        )
 
 
 def read_amendments(clients: KafkaClients, app: str) -> Amendments:

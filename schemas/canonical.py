@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
+import operator
+import typing
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -65,11 +68,14 @@ class Codec(Generic[T]):
     True
     """
 
-    __slots__ = ("_reencode", "_walk", "decode", "type")
+    __slots__ = ("_reencode", "_walk", "decode", "decode_checked", "type")
 
     def __init__(self, record_type: type[T]) -> None:
         self.type = record_type
         self.decode: Callable[[bytes], T] = msgspec.msgpack.Decoder(record_type).decode
+        self.decode_checked: Callable[[bytes], T] = _unconstrained(record_type) or self.decode
+        """:attr:`decode` for bytes this very schema checked already (an event logged by the
+        code that runs it): the same value, without its fields' constraints checked again."""
         schema: Any = record_type  # types are hashable; mypy cannot see it through type[T]
         depth, self._reencode = _shape(schema)
         self._walk = depth is None or depth > MAX_NESTING
@@ -104,6 +110,54 @@ class Codec(Generic[T]):
         if self._reencode:
             data = _encoder.encode(decoded)
         return data, decoded
+
+
+def _unconstrained(record_type: Any) -> Callable[[bytes], Any] | None:
+    """A decoder of ``record_type`` that skips the ``msgspec.Meta`` constraints of its fields
+    (a ``pattern`` is a regex search each time, most of the decode): a twin Struct without
+    them decodes, and the value is rebuilt as ``record_type``, whose ``__init__`` checks
+    nothing. None where there is nothing to skip, or the type is not one rebuilt so simply: a
+    Struct with a ``__post_init__`` (it could raise outside the decoder), keyword-only fields."""
+    if not (isinstance(record_type, type) and issubclass(record_type, msgspec.Struct)):
+        return None
+    fields = msgspec.structs.fields(record_type)
+    bare = [_bare(f.type) for f in fields]
+    if all(b is f.type for b, f in zip(bare, fields, strict=True)) or hasattr(
+        record_type, "__post_init__"
+    ):
+        return None
+    kinds = {p.kind for p in inspect.signature(record_type).parameters.values()}
+    if kinds - {inspect.Parameter.POSITIONAL_OR_KEYWORD}:
+        return None
+    config = record_type.__struct_config__
+    twin: Any = msgspec.defstruct(
+        record_type.__name__,
+        [_field(f, b) for f, b in zip(fields, bare, strict=True)],
+        tag=config.tag, tag_field=config.tag_field, array_like=config.array_like,
+        rename={f.name: f.encode_name for f in fields},
+        forbid_unknown_fields=config.forbid_unknown_fields, omit_defaults=config.omit_defaults,
+    )  # fmt: skip
+    decode = msgspec.msgpack.Decoder(twin).decode
+    values = operator.attrgetter(*(f.name for f in fields))
+    if len(fields) == 1:
+        return lambda data: record_type(values(decode(data)))
+    return lambda data: record_type(*values(decode(data)))
+
+
+def _bare(field_type: Any) -> Any:
+    """``Annotated[T, Meta(...)]`` → ``T``; any other type as it is."""
+    if typing.get_origin(field_type) is typing.Annotated:
+        return typing.get_args(field_type)[0]
+    return field_type
+
+
+def _field(info: msgspec.structs.FieldInfo, field_type: Any) -> tuple[Any, ...]:
+    """``info`` as a :func:`msgspec.defstruct` field of ``field_type``, with its default."""
+    if info.default_factory is not msgspec.NODEFAULT:
+        return (info.name, field_type, msgspec.field(default_factory=info.default_factory))
+    if info.default is not msgspec.NODEFAULT:
+        return (info.name, field_type, info.default)
+    return (info.name, field_type)
 
 
 _codecs: dict[Any, Codec[Any]] = {}

@@ -95,6 +95,8 @@ class EpochRecord(msgspec.Struct, frozen=True):
     epoch is read back (``log/amendments.py``), as ``code_hash`` is after a deploy.
     ``final``: the last epoch before a clean stop (a snapshot epoch too): the workers run it,
     commit its snapshot and egress, and exit: the stop is a savepoint (docs/operations.md).
+    ``recoded``: a deploy's amendment replaced ``code_hash`` (the sequencer logs False): the
+    events were checked by other code than the one the epoch now runs under.
     """
 
     epoch: int
@@ -106,6 +108,7 @@ class EpochRecord(msgspec.Struct, frozen=True):
     snapshot: bool = False
     skipped: dict[int, str] = {}
     final: bool = False
+    recoded: bool = False
 
 
 SKIPPED_REASON = "skipped by an operator (epochal skip)"

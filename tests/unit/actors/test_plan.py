@@ -2,15 +2,19 @@ from __future__ import annotations
 
 from collections import Counter
 
+import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from epochal.actors.executor import plan_share
 from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
-from epochal.actors.plan import emitted_by, plan_epoch
+from epochal.actors.plan import Invocation, emitted_by, plan_epoch
 from epochal.schemas.canonical import encode_canonical
 from epochal.schemas.commands import CommandTxn, EpochRecord, InputPosition, KeyRef, Origin
+from examples.bank.app import Deposit as BankDeposit
+from examples.bank.app import app as bank
 from tests.unit.actors.workload import Audit, Deposit, Transfer, app, command_log
 
 
@@ -61,6 +65,55 @@ def test_an_event_that_no_longer_decodes_is_a_planned_abort() -> None:
     broken = EpochRecord(0, 0, 0, "", (type(txn)(0, "deposit", b"\xc1", txn.keys),))
     (invocation,) = plan_epoch(app, broken, [])
     assert invocation.error.startswith("event no longer decodes as Deposit")
+
+
+def _bank_deposit(amount: int, code_hash: str, recoded: bool = False) -> EpochRecord:
+    """An epoch of one bank deposit of ``amount`` (its constructor checks nothing: 0 breaks
+    the schema's ``gt=0``, as a log written by other code could)."""
+    event = msgspec.msgpack.encode(BankDeposit("acct-0001", amount))
+    txn = CommandTxn(0, "deposit", event, (KeyRef("Account", "acct-0001"),))
+    return EpochRecord(0, 0, 0, code_hash, (txn,), recoded=recoded)
+
+
+def _bank_plans(record: EpochRecord, carried: list[Emitted] | None = None) -> list[Invocation]:
+    """The invocations one worker and each of two make of ``record``."""
+    invocations = plan_epoch(bank, record, carried or [])
+    ranges = KeyRanges.even(bank, 2)
+    for worker in (0, 1):
+        steps = plan_share(bank, record, carried or [], ranges, worker_of=[0, 1], worker=worker)
+        invocations += [s.invocation for s in steps]
+    return invocations
+
+
+def test_events_logged_by_the_running_code_are_not_checked_again() -> None:
+    for invocation in _bank_plans(_bank_deposit(0, bank.code_hash())):
+        assert invocation.error == ""
+        assert invocation.event == BankDeposit("acct-0001", 0)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [_bank_deposit(0, "other code"), _bank_deposit(0, bank.code_hash(), recoded=True)],
+    ids=["logged by other code", "re-coded by a deploy"],
+)
+def test_events_checked_by_other_code_are_checked_by_the_running_schema(
+    record: EpochRecord,
+) -> None:
+    invocations = _bank_plans(record)
+    assert len(invocations) == 2  # one worker's and the one of two that runs the key
+    for invocation in invocations:
+        assert invocation.error.startswith("event no longer decodes as Deposit")
+
+
+def test_interior_events_are_checked_again_they_may_come_from_older_code() -> None:
+    event = msgspec.msgpack.encode(BankDeposit("acct-0001", 0))
+    emitted = Emitted(0, 0, 0, "deposit", event, (KeyRef("Account", "acct-0001"),),
+                      InputPosition("bank.in.transfers", 0, 0), "")  # fmt: skip
+    record = EpochRecord(1, 0, 0, bank.code_hash())
+    invocations = _bank_plans(record, [emitted])
+    assert len(invocations) == 2
+    for invocation in invocations:
+        assert invocation.error.startswith("event no longer decodes as Deposit")
 
 
 @given(

@@ -54,6 +54,8 @@ def test_a_recode_covers_its_epochs_only_and_a_later_one_wins() -> None:
     assert [amendments.apply(r).code_hash for r in records] == [
         app.code_hash(), "v2", "v2", "v3", app.code_hash(),
     ]  # fmt: skip
+    # the events of a re-coded epoch were checked by other code: they are checked again
+    assert [amendments.apply(r).recoded for r in records] == [False, True, True, True, False]
     ensure_same_code(amendments.apply(records[2]), "v2")  # no refusal under the code recorded
     with pytest.raises(RecoveryError, match="other application code"):
         ensure_same_code(amendments.apply(records[3]), "v2")
