@@ -73,7 +73,11 @@ class Codec(Generic[T]):
     def __init__(self, record_type: type[T]) -> None:
         self.type = record_type
         self.decode: Callable[[bytes], T] = msgspec.msgpack.Decoder(record_type).decode
-        self.decode_checked: Callable[[bytes], T] = _unconstrained(record_type) or self.decode
+        try:
+            unconstrained = _unconstrained(record_type)
+        except Exception:  # a type msgspec decodes but not one to rebuild: check as before
+            unconstrained = None
+        self.decode_checked: Callable[[bytes], T] = unconstrained or self.decode
         """:attr:`decode` for bytes this very schema checked already (an event logged by the
         code that runs it): the same value, without its fields' constraints checked again."""
         schema: Any = record_type  # types are hashable; mypy cannot see it through type[T]
