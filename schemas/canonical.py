@@ -137,10 +137,13 @@ def _unconstrained(record_type: Any) -> Callable[[bytes], Any] | None:
     twin: Any = msgspec.defstruct(
         record_type.__name__,
         [_field(f, b) for f, b in zip(fields, bare, strict=True)],
-        tag=config.tag, tag_field=config.tag_field, array_like=config.array_like,
+        tag=config.tag,
+        tag_field=config.tag_field,
+        array_like=config.array_like,
         rename={f.name: f.encode_name for f in fields},
-        forbid_unknown_fields=config.forbid_unknown_fields, omit_defaults=config.omit_defaults,
-    )  # fmt: skip
+        forbid_unknown_fields=config.forbid_unknown_fields,
+        omit_defaults=config.omit_defaults,
+    )
     decode = msgspec.msgpack.Decoder(twin).decode
     values = operator.attrgetter(*(f.name for f in fields))
     if len(fields) == 1:

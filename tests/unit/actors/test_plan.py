@@ -107,8 +107,16 @@ def test_events_checked_by_other_code_are_checked_by_the_running_schema(
 
 def test_interior_events_are_checked_again_they_may_come_from_older_code() -> None:
     event = msgspec.msgpack.encode(BankDeposit("acct-0001", 0))
-    emitted = Emitted(0, 0, 0, "deposit", event, (KeyRef("Account", "acct-0001"),),
-                      InputPosition("bank.in.transfers", 0, 0), "")  # fmt: skip
+    emitted = Emitted(
+        0,
+        0,
+        0,
+        "deposit",
+        event,
+        (KeyRef("Account", "acct-0001"),),
+        InputPosition("bank.in.transfers", 0, 0),
+        "",
+    )
     record = EpochRecord(1, 0, 0, bank.code_hash())
     invocations = _bank_plans(record, [emitted])
     assert len(invocations) == 2

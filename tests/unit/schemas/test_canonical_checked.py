@@ -52,14 +52,15 @@ class KeywordOnly(msgspec.Struct, kw_only=True):
 names = st.from_regex(r"[a-z]{1,8}", fullmatch=True)
 counts = st.integers(0, 2**63 - 1)
 values = st.one_of(
-    st.builds(Order, names, counts, st.floats(0.5, 1e9), st.lists(names, max_size=3),
-              st.none() | counts),
+    st.builds(
+        Order, names, counts, st.floats(0.5, 1e9), st.lists(names, max_size=3), st.none() | counts
+    ),
     st.builds(Renamed, names, counts),
     st.builds(Row, names, counts),
     st.builds(Single, names),
     st.builds(Posted, names),
     st.builds(KeywordOnly, who=names),
-)  # fmt: skip
+)
 
 
 @given(values)
@@ -76,8 +77,13 @@ def test_checked_bytes_decode_to_the_value_the_checking_decoder_gives(value: Any
 def test_only_the_constraints_of_the_fields_are_skipped(schema: Any) -> None:
     codec = codec_for(schema)
     fields = msgspec.structs.fields(schema)
-    bad = schema(*["Not A Name" if f.name in ("who", "first_name", "only") else -1
-                   for f in fields if f.required])  # fmt: skip
+    bad = schema(
+        *[
+            "Not A Name" if f.name in ("who", "first_name", "only") else -1
+            for f in fields
+            if f.required
+        ]
+    )
     data = msgspec.msgpack.encode(bad)
     with pytest.raises(msgspec.ValidationError):
         codec.decode(data)
