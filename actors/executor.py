@@ -65,7 +65,8 @@ class Step(msgspec.Struct):
 
     ``partitions[i]`` owns ``local_keys[i]``; ``reporter`` is the partition that reports the
     outcome if this worker owns it, else None. ``reads`` of a cross-worker step: its values,
-    from the first time it was ready. A struct: one is made per transaction.
+    from its first turn (the other workers' join them as they come). A struct: one is made per
+    transaction.
     """
 
     invocation: Invocation
@@ -138,6 +139,8 @@ def plan_share(
         workers, here, reporter = shape
         if here is None:
             local, local_parts = keys, parts
+        elif len(here) == 1:  # most cross-worker transactions: one key here
+            local, local_parts = (keys[here[0]],), (parts[here[0]],)
         else:
             local = tuple([keys[i] for i in here])
             local_parts = tuple([parts[i] for i in here])
@@ -154,8 +157,10 @@ class EpochExecutor:
         self.worker = worker
         self.partitions = tuple(partitions)
         self.store = store
-        self._inbox: dict[tuple[int, int], Reads] = {}
-        self._waiting: dict[tuple[int, int], tuple[int, int]] = {}  # → (step index, reads due)
+        self._inbox: dict[tuple[int, int], Reads] = {}  # reads come before their step is ready
+        self._waiting: dict[tuple[int, int], tuple[int, Reads, int]] = {}
+        """(step index, its reads so far, how many keys it has) of each step that sent its
+        reads and waits for the others'."""
         self._completed: list[int] = []  # waiting steps whose reads have all come
         self._arrived = asyncio.Event()  # set when one has
 
@@ -165,15 +170,19 @@ class EpochExecutor:
         """Values another worker read for transaction ``(epoch, seq)``: ``values[i]`` is
         ``refs[i]``'s."""
         timestamp = (epoch, seq)
-        inbox = self._inbox.get(timestamp)
-        if inbox is None:
-            inbox = self._inbox[timestamp] = dict(zip(refs, values, strict=True))
-        else:
-            inbox.update(zip(refs, values, strict=True))
         waiting = self._waiting.get(timestamp)
-        if waiting is not None and len(inbox) >= waiting[1]:
+        if waiting is None:  # its step is not ready here yet: it takes them when it is
+            inbox = self._inbox.get(timestamp)
+            if inbox is None:
+                self._inbox[timestamp] = dict(zip(refs, values, strict=True))
+            else:
+                inbox.update(zip(refs, values, strict=True))
+            return
+        index, reads, keys = waiting
+        reads.update(zip(refs, values, strict=True))
+        if len(reads) >= keys:
             del self._waiting[timestamp]
-            self._completed.append(waiting[0])
+            self._completed.append(index)
             self._arrived.set()
 
     def run_alone(
@@ -230,9 +239,16 @@ class EpochExecutor:
             while chains.ready:
                 index = heapq.heappop(chains.ready)
                 step = steps[index]
-                reads = values if len(step.workers) == 1 else self._reads(step, index, exchange)
-                if reads is None:  # receive() makes it ready when the other reads have come
-                    continue
+                reads: Mapping[KeyRef, bytes | None]
+                if len(step.workers) == 1:
+                    reads = values
+                elif step.reads is not None:  # back from waiting: receive() completed them
+                    reads = step.reads
+                else:  # its first turn: it sends its reads
+                    first = self._reads(step, index, exchange)
+                    if first is None:  # receive() makes it ready when the others' have come
+                        continue
+                    reads = first
                 self._execute(clock, step, reads, reported)
                 chains.done(index)
             await exchange.flush()
@@ -248,26 +264,31 @@ class EpochExecutor:
         return reported
 
     def _reads(self, step: Step, index: int, exchange: Exchange) -> Reads | None:
-        """Every read of a cross-worker ``step``: its local keys' values, sent to the other
-        participants the first time it is ready (they are final then), and theirs; None until
-        theirs have all come (it waits in ``_waiting`` then)."""
-        invocation = step.invocation
-        reads, local = step.reads, step.local_keys
-        if reads is None:
-            values = self.store.values
+        """Every read of a cross-worker ``step`` at its first turn: its local keys' values,
+        sent to the other participants (they are final now), and theirs that came before; None
+        while some of theirs have not come (it waits in ``_waiting``, and :meth:`receive`
+        completes ``step.reads``)."""
+        invocation, local, values = step.invocation, step.local_keys, self.store.values
+        if len(local) == 1:  # most cross-worker transactions: no comprehension nor zip
+            ref = local[0]
+            value = values.get(ref)
+            mine, reads = [value], {ref: value}
+        else:
             mine = [values.get(ref) for ref in local]
-            for other in step.workers:
-                if other != self.worker:
-                    exchange.send(other, invocation.epoch, invocation.seq, local, mine)
-            reads = step.reads = dict(zip(local, mine, strict=True))
-        timestamp = (invocation.epoch, invocation.seq)
-        due = len(invocation.keys) - len(local)
-        remote = self._inbox.get(timestamp)
-        if remote is None or len(remote) < due:
-            self._waiting[timestamp] = (index, due)
+            reads = dict(zip(local, mine, strict=True))
+        step.reads = reads
+        keys = len(reads) + len(invocation.keys) - len(local)  # the reads it runs on, in all
+        epoch, seq = invocation.epoch, invocation.seq
+        for other in step.workers:
+            if other != self.worker:
+                exchange.send(other, epoch, seq, local, mine)
+        timestamp = (epoch, seq)
+        remote = self._inbox.pop(timestamp, None)
+        if remote is not None:
+            reads.update(remote)
+        if len(reads) < keys:
+            self._waiting[timestamp] = (index, reads, keys)
             return None
-        del self._inbox[timestamp]
-        reads.update(remote)
         return reads
 
     def _execute(

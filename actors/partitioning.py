@@ -176,8 +176,15 @@ class KeyRanges:
 
     def partitions_of_keys(self, keys: Sequence[KeyRef]) -> tuple[PartitionId, ...]:
         """The partition of each key, in the keys' order: what every transaction of an epoch
-        asks, so in one call (a call and a ``PartitionId`` per key were a tenth of planning)."""
+        asks, so in one call (a call and a ``PartitionId`` per key were a tenth of planning).
+        One or two keys, most transactions' count, without a comprehension's frame: half the
+        time."""
         points, owner = self._points, bisect.bisect_right
+        if len(keys) == 2:
+            a, b = keys
+            return (owner(points[a.actor_type], a.key), owner(points[b.actor_type], b.key))  # type: ignore[return-value]
+        if len(keys) == 1:
+            return (owner(points[keys[0].actor_type], keys[0].key),)  # type: ignore[return-value]
         return tuple([owner(points[ref.actor_type], ref.key) for ref in keys])  # type: ignore[misc]
 
     def participants(self, keys: Sequence[KeyRef]) -> tuple[PartitionId, ...]:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import msgspec
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from epochal.actors.api import App
@@ -25,6 +25,25 @@ def test_key_sample_splits_evenly() -> None:
     for key in range(40):
         counts[ranges.partition_of(KeyRef("Account", key))] += 1
     assert counts == [10, 10, 10, 10]
+
+
+_refs = st.one_of(
+    st.builds(KeyRef, st.just("Account"), st.integers(-5, 60)),
+    st.builds(KeyRef, st.just("AuditLog"), st.text(max_size=6)),
+)
+
+
+@given(st.lists(_refs, max_size=5), st.integers(1, 8))
+@example([KeyRef("Account", 1), KeyRef("Account", 35)], 4)
+@example([KeyRef("AuditLog", "b"), KeyRef("Account", 35)], 2)
+@example([KeyRef("Account", 35)], 4)
+def test_the_partitions_of_keys_are_each_keys_own_in_order(
+    refs: list[KeyRef], partitions: int
+) -> None:
+    """However many keys (none, one, two: the quick paths; more), of whichever types."""
+    ranges = KeyRanges.even(app, partitions)
+    expected = tuple(ranges.partition_of(ref) for ref in refs)
+    assert ranges.partitions_of_keys(tuple(refs)) == expected
 
 
 def test_participants_are_sorted_and_default_to_partition_zero() -> None:
