@@ -159,8 +159,8 @@ class EpochExecutor:
         self.store = store
         self._inbox: dict[tuple[int, int], Reads] = {}  # reads come before their step is ready
         self._waiting: dict[tuple[int, int], tuple[int, Reads, int]] = {}
-        """(step index, its reads so far, how many keys it has) of each step that sent its
-        reads and waits for the others'."""
+        """(step index, its reads so far, how many reads it runs on) of each step that sent
+        its reads and waits for the others'."""
         self._completed: list[int] = []  # waiting steps whose reads have all come
         self._arrived = asyncio.Event()  # set when one has
 
