@@ -24,7 +24,7 @@ from epochal.actors.digest import DigestSum
 from epochal.actors.executor import EpochExecutor, plan_share
 from epochal.actors.outcome import BY_EMIT_ORDER, BY_SEQ, Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
-from epochal.actors.plan import EpochClock, emitted_by, plan_epoch
+from epochal.actors.plan import EpochClock, emitted_by, plan_slices
 from epochal.actors.snapshots import Reported
 from epochal.actors.store import Change, StateStore
 from epochal.actors.transport import (
@@ -141,6 +141,7 @@ class Engine:
         self._done_arrived = asyncio.Event()
         self._outbox: dict[tuple[int, int], list[TxnReads]] = {}  # (peer, epoch) → reads
         self._alone = all(w == worker for w in self.worker_of)  # owns every partition
+        self._keep_outcomes = True
 
     # --- the Exchange protocol ---------------------------------------------------------------
 
@@ -179,8 +180,10 @@ class Engine:
         clock = EpochClock.of(record)
         carried = self.carried
         if self._alone:
-            plan = plan_epoch(self.app, record, carried)
-            by_partition = self.executor.run_alone(clock, plan, self.ranges, self.ran)
+            plan = plan_slices(self.app, record, carried)
+            by_partition = self.executor.run_alone(
+                clock, plan, self.ranges, self.ran, keep=self._keep_outcomes
+            )
         else:
             steps = plan_share(self.app, record, carried, self.ranges,
                                worker_of=self.worker_of, worker=self.worker)  # fmt: skip
@@ -283,7 +286,14 @@ class Engine:
 
 
 class LocalEngine(Engine):
-    """All partitions in this process: ``asyncio.run(LocalEngine(app, 4).run(records))``."""
+    """All partitions in this process: ``asyncio.run(LocalEngine(app, 4).run(records))``.
 
-    def __init__(self, app: App, partitions: int, *, track_digest: bool = True) -> None:
+    ``keep_outcomes=False`` is for a caller that wants only the state (replay): an epoch's
+    result then holds just the outcomes that emitted, and each is freed once it has run.
+    """
+
+    def __init__(
+        self, app: App, partitions: int, *, track_digest: bool = True, keep_outcomes: bool = True
+    ) -> None:
         super().__init__(app, partitions, track_digest=track_digest)
+        self._keep_outcomes = keep_outcomes

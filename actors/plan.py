@@ -9,6 +9,7 @@ when the parent emitted them.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -30,7 +31,13 @@ __all__ = [
     "interior_seqs",
     "invocation_of",
     "plan_epoch",
+    "plan_slices",
 ]
+
+PLAN_SLICE = 512
+"""A worker that runs every transaction of an epoch plans and runs them this many at a time:
+the objects of that many stay in a core's cache from one to the other (planning a drain's
+5,000-record epoch whole before running it costs ~10 % more a transaction)."""
 
 
 @dataclass(frozen=True)
@@ -105,11 +112,21 @@ def _handler(app: App, name: str, epoch: int, seq: int) -> Handler:
 def plan_epoch(app: App, record: EpochRecord, carried: list[Emitted]) -> list[Invocation]:
     """Interior transactions first, then the logged ones in seq order; those an operator
     skipped (``record.skipped``) abort with the reason, unread."""
+    return next(plan_slices(app, record, carried, None), [])
+
+
+def plan_slices(
+    app: App, record: EpochRecord, carried: list[Emitted], size: int | None = PLAN_SLICE
+) -> Iterator[list[Invocation]]:
+    """:func:`plan_epoch` in slices of ``size`` transactions (None: one slice), each planned
+    when the one before has been taken; nothing for an empty epoch."""
     epoch, skipped, checked = record.epoch, record.skipped, checked_before(app, record)
-    return [
+    ordered = epoch_order(record, carried)
+    while plan := [
         invocation_of(app, epoch, seq, txn, skipped, origin=origin, checked=checked)
-        for seq, txn, origin in epoch_order(record, carried)
-    ]
+        for seq, txn, origin in itertools.islice(ordered, size)
+    ]:
+        yield plan
 
 
 def checked_before(app: App, record: EpochRecord) -> bool:

@@ -39,7 +39,7 @@ def replay_command_log(
     Returns the engine (its state) and the number of epochs replayed. Only the digest at the
     end counts, so it is made then, once; the collector runs less meanwhile.
     """
-    engine = LocalEngine(app, partitions, track_digest=False)
+    engine = LocalEngine(app, partitions, track_digest=False, keep_outcomes=False)
     if restored is not None:
         manifest = restored.manifest
         engine.load(restored.actors, manifest.epoch, carried_of(manifest), restored.migrations)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from epochal.actors.executor import plan_share
 from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
-from epochal.actors.plan import Invocation, emitted_by, plan_epoch
+from epochal.actors.plan import Invocation, emitted_by, plan_epoch, plan_slices
 from epochal.schemas.canonical import encode_canonical
 from epochal.schemas.commands import CommandTxn, EpochRecord, InputPosition, KeyRef, Origin
 from examples.bank.app import Deposit as BankDeposit
@@ -163,3 +163,26 @@ def test_a_worker_plans_the_transactions_on_its_keys_and_one_worker_reports_each
                 assert step.reporter == min(parts, default=0)
                 reported[step.invocation.seq] += 1
     assert reported == Counter(seq for seq, _ in everything)
+
+
+@given(
+    st.integers(0, 12),
+    st.integers(0, 5),
+    st.one_of(st.none(), st.integers(1, 7)),
+)
+def test_an_epoch_planned_in_slices_is_its_plan_cut_in_order(
+    logged: int, interior: int, size: int | None
+) -> None:
+    """Slices of ``size`` (the last one shorter, none empty) that joined are the whole plan:
+    interior transactions first, each planned once."""
+    event = encode_canonical(Deposit(1, 5))
+    keys = (KeyRef("Account", 1),)
+    txns = tuple(CommandTxn(seq, "deposit", event, keys) for seq in range(logged))
+    carried = [Emitted(3, i, 0, "deposit", event, keys) for i in range(interior)]
+    record = EpochRecord(4, 0, 0, app.code_hash(), txns)
+    slices = list(plan_slices(app, record, carried, size))
+    assert [len(s) for s in slices[:-1]] == [size or 0] * (len(slices) - 1)
+    assert all(slices) and all(len(s) <= (size or logged + interior) for s in slices)
+    joined = [(inv.seq, inv.origin, inv.event) for s in slices for inv in s]
+    assert joined == [(inv.seq, inv.origin, inv.event) for inv in plan_epoch(app, record, carried)]
+    assert [seq for seq, _, _ in joined] == list(range(-interior, logged))
