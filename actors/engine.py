@@ -21,7 +21,7 @@ import msgspec
 
 from epochal.actors.api import App
 from epochal.actors.digest import DigestSum
-from epochal.actors.executor import EpochExecutor, plan_share
+from epochal.actors.executor import EpochExecutor, share_slices
 from epochal.actors.outcome import BY_EMIT_ORDER, BY_SEQ, Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import EpochClock, emitted_by, plan_slices
@@ -185,11 +185,14 @@ class Engine:
                 clock, plan, self.ranges, self.ran, keep=self._keep_outcomes
             )
         else:
-            steps = plan_share(self.app, record, carried, self.ranges,
-                               worker_of=self.worker_of, worker=self.worker)  # fmt: skip
-            by_partition = await self._unless_peers_fail(
-                self.executor.run_epoch(clock, steps, self, self.ran)
+            by_partition = {p: [] for p in self.partitions}
+            slices = share_slices(
+                self.app, record, carried, self.ranges, worker_of=self.worker_of, worker=self.worker
             )
+            for steps in slices:  # each slice's objects stay in cache while it runs
+                running = self.executor.run_epoch(clock, steps, self, self.ran)
+                for partition, part in (await self._unless_peers_fail(running)).items():
+                    by_partition[partition] += part
         self.executed = record.epoch
         outcomes = tuple(sorted((o for part in by_partition.values() for o in part), key=BY_SEQ))
         if self.snapshots:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 import msgspec
@@ -35,6 +36,7 @@ from epochal.actors.context import run_transaction
 from epochal.actors.outcome import BY_SEQ, Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import (
+    PLAN_SLICE,
     EpochClock,
     Invocation,
     checked_before,
@@ -45,7 +47,7 @@ from epochal.actors.store import StateStore
 from epochal.actors.watchdog import RUNNING
 from epochal.schemas.commands import EpochRecord, KeyRef, PartitionId
 
-__all__ = ["EpochExecutor", "Exchange", "Reads", "Step", "plan_share"]
+__all__ = ["EpochExecutor", "Exchange", "Reads", "Step", "plan_share", "share_slices"]
 
 Reads = dict[KeyRef, bytes | None]
 
@@ -117,36 +119,59 @@ def plan_share(
 ) -> list[Step]:
     """This worker's share of an epoch, in timestamp order (``worker_of[p]`` runs partition p):
     the transactions that touch a key of its partitions, and those without keys if it runs
-    partition 0. One pass: each transaction's partitions are looked up once, what they mean
-    for this worker is worked out once per distinct tuple of partitions (a few, however many
-    transactions), and only the events of this worker's transactions are decoded."""
+    partition 0 (:func:`share_slices` in one slice)."""
+    slices = share_slices(
+        app, record, carried, ranges, worker_of=worker_of, worker=worker, size=None
+    )
+    return next(slices, [])
+
+
+def share_slices(
+    app: App,
+    record: EpochRecord,
+    carried: list[Emitted],
+    ranges: KeyRanges,
+    *,
+    worker_of: Sequence[int],
+    worker: int,
+    size: int | None = PLAN_SLICE,
+) -> Iterator[list[Step]]:
+    """This worker's share of each ``size`` transactions of an epoch in turn (None: all at
+    once), each planned when the one before has been taken; a slice may hold no step. One
+    pass: each transaction's partitions are looked up once, what they mean for this worker is
+    worked out once per distinct tuple of partitions (a few, however many transactions), and
+    only the events of this worker's transactions are decoded."""
     epoch, skipped, checked = record.epoch, record.skipped, checked_before(app, record)
     partitions_of = ranges.partitions_of_keys
     layout = (tuple(worker_of), worker)
     shapes = _SHAPES.get(layout)
     if shapes is None or len(shapes) > _MAX_SHAPES:
         shapes = _SHAPES[layout] = {}
-    steps: list[Step] = []
-    for seq, txn, origin in epoch_order(record, carried):
-        keys = txn.keys
-        parts = partitions_of(keys)
-        try:
-            shape = shapes[parts]
-        except KeyError:
-            shape = shapes[parts] = _shape_of(parts, layout[0], worker)
-        if shape is None:
-            continue
-        workers, here, reporter = shape
-        if here is None:
-            local, local_parts = keys, parts
-        elif len(here) == 1:  # most cross-worker transactions: one key here
-            local, local_parts = (keys[here[0]],), (parts[here[0]],)
-        else:
-            local = tuple([keys[i] for i in here])
-            local_parts = tuple([parts[i] for i in here])
-        invocation = invocation_of(app, epoch, seq, txn, skipped, origin=origin, checked=checked)
-        steps.append(Step(invocation, workers, local, local_parts, reporter))
-    return steps
+    ordered = epoch_order(record, carried)
+    while chunk := list(itertools.islice(ordered, size)):
+        steps: list[Step] = []
+        for seq, txn, origin in chunk:
+            keys = txn.keys
+            parts = partitions_of(keys)
+            try:
+                shape = shapes[parts]
+            except KeyError:
+                shape = shapes[parts] = _shape_of(parts, layout[0], worker)
+            if shape is None:
+                continue
+            workers, here, reporter = shape
+            if here is None:
+                local, local_parts = keys, parts
+            elif len(here) == 1:  # most cross-worker transactions: one key here
+                local, local_parts = (keys[here[0]],), (parts[here[0]],)
+            else:
+                local = tuple([keys[i] for i in here])
+                local_parts = tuple([parts[i] for i in here])
+            invocation = invocation_of(
+                app, epoch, seq, txn, skipped, origin=origin, checked=checked
+            )
+            steps.append(Step(invocation, workers, local, local_parts, reporter))
+        yield steps
 
 
 class EpochExecutor:

@@ -13,13 +13,13 @@ from epochal.actors.plan import PLAN_SLICE
 from epochal.log.command_log import MemoryCommandLog
 from epochal.recovery.replay import replay_command_log
 from tests.unit.actors.workload import (
-    ACCOUNTS,
     Account,
     Deposit,
     Transfer,
     app,
     batches,
     command_log,
+    several_slices,
 )
 
 
@@ -75,21 +75,11 @@ def test_bank_invariant_money_is_conserved_and_never_negative() -> None:
     assert sum(o.committed for o in outcomes if o.handler == "transfer") > 1000
 
 
-def test_epochs_of_several_plan_slices_match_the_oracle_and_their_replay_reaches_its_state() -> (
-    None
-):
+def test_epochs_of_several_slices_match_the_oracle_and_replay_reaches_its_state() -> None:
     """One worker plans and runs an epoch a slice at a time: epochs of several slices, one
     opening with more interior transactions (audits) than a slice holds, give the oracle's
     outcomes and digests; a replay, which keeps only the outcomes that emitted, its state."""
-    import random
-
-    rng = random.Random(11)
-
-    def transfer() -> Transfer:
-        return Transfer(rng.randrange(ACCOUNTS), rng.randrange(ACCOUNTS), rng.randrange(1, 80))
-
-    transfers = [[transfer() for _ in range(2 * PLAN_SLICE + 37)] for _ in range(3)]
-    records = command_log([[Deposit(a, 1_000) for a in range(ACCOUNTS)], *transfers])
+    records = several_slices()
     expected = SerialOracle(app).run(records)
     assert max(sum(o.seq < 0 for o in r.outcomes) for r in expected) > PLAN_SLICE
     assert _summary(_engine_run(1, records)) == _summary(expected)

@@ -274,3 +274,20 @@ def command_log(
         stamp = EpochStamp(epoch, 1_000_000 + epoch * 20, 1234 + epoch, app.code_hash(), snapshot)
         log.append(order(app, stamp, inputs).record)
     return [logged.record for logged in log.epochs()]
+
+
+def several_slices(epochs: int = 3, seed: int = 11) -> list[EpochRecord]:
+    """Deposits, then ``epochs`` epochs of random transfers, each more than two of the slices a
+    worker plans and runs at a time (``PLAN_SLICE``); a third of the transfers emit an audit, so
+    an epoch opens with more interior transactions than one slice holds."""
+    import random
+
+    from epochal.actors.plan import PLAN_SLICE
+
+    rng = random.Random(seed)
+
+    def transfer() -> Transfer:
+        return Transfer(rng.randrange(ACCOUNTS), rng.randrange(ACCOUNTS), rng.randrange(1, 80))
+
+    transfers = [[transfer() for _ in range(2 * PLAN_SLICE + 37)] for _ in range(epochs)]
+    return command_log([[Deposit(a, 1_000) for a in range(ACCOUNTS)], *transfers])
