@@ -14,11 +14,13 @@ key of one of its partitions (however many of its partitions the transaction tou
 
 Running a transaction once per worker (not once per local partition) means that partitions of
 one worker never exchange anything, and that every participant decodes its own event and reads:
-no two runs ever share a value. Transactions wait in per-key chains built once per epoch, so a
-transaction is looked at again only when one of its chains moves, however many exchange rounds
-the epoch takes; sends are buffered and flushed once per round, when nothing more can run.
-There is no deadlock: every worker follows the same global order, so each wait is on a
-transaction that every participant reaches.
+no two runs ever share a value. A worker plans and runs an epoch a slice of its timestamp order
+at a time (so that the slice's objects stay in cache); transactions wait in per-key chains built
+once per slice, so a transaction is looked at again only when one of its chains moves, however
+many exchange rounds the slice takes; sends are buffered and flushed once per round, when
+nothing more can run. There is no deadlock: every worker follows the same global order, and a
+slice is a prefix of what is left of it, so each wait is on a transaction that every
+participant reaches.
 """
 
 from __future__ import annotations
@@ -255,7 +257,8 @@ class EpochExecutor:
         exchange: Exchange,
         ran: dict[PartitionId, int],
     ) -> dict[PartitionId, list[TxnOutcome]]:
-        """Run this worker's share of an epoch; the outcomes each local partition reports.
+        """Run this worker's share of an epoch, or of a slice of it (:func:`share_slices`); the
+        outcomes each local partition reports.
         Counts in ``ran`` the transactions each local partition takes part in."""
         reported: dict[PartitionId, list[TxnOutcome]] = {p: [] for p in self.partitions}
         _count_parts(steps, ran)
