@@ -56,6 +56,7 @@ __all__ = [
     "DEAD_LETTER_PARTITION",
     "MAX_PENDING_EGRESS",
     "EgressEncoder",
+    "EpochEgress",
     "held_dead_letters",
     "layout_in_force",
     "prepare_egress",
@@ -122,26 +123,51 @@ class EgressEncoder:
         return staged
 
 
+class EpochEgress:
+    """One epoch's egress, encoded slice by slice as the engine reports outcomes (while they
+    are in cache: its ``on_reported``), and staged on the writers at once when the epoch has
+    run, as a whole epoch is what a writer's commit thread takes. A writer that covers the
+    epoch already (a replayed one) gets nothing; :data:`DEAD_LETTER_PARTITION`'s gets the
+    dead letters of the transactions an operator skipped (``epochal skip``) after the egress,
+    so each is written once however often the epoch is replayed."""
+
+    def __init__(
+        self, app: App, writers: Mapping[PartitionId, EgressWriter], logged: LoggedEpoch
+    ) -> None:
+        self.app = app
+        self.writers = writers
+        self.logged = logged
+        self._staged = EgressEncoder(app).staged
+        self._records: dict[PartitionId, list[Staged]] = {}
+
+    def add(self, reported: Mapping[PartitionId, Sequence[TxnOutcome]]) -> None:
+        position, writers = self.logged.position, self.writers
+        for partition, outcomes in reported.items():
+            if outcomes and position >= writers[partition].covered:
+                self._records.setdefault(partition, []).extend(self._staged(outcomes))
+
+    def stage(self) -> None:
+        for partition, records in self._records.items():
+            self.writers[partition].stage(records)
+        self._records = {}
+        dead = self.writers.get(PartitionId(DEAD_LETTER_PARTITION))
+        if dead is not None and self.logged.position >= dead.covered:
+            encode_letter = self.app.egress_codec.dead_letter
+            for letter in skipped_dead_letters(self.logged.record):
+                dead.add(self.app.topics.dead_letters, encode_letter(letter), letter.key)
+
+
 def stage_egress(
     app: App,
     writers: Mapping[PartitionId, EgressWriter],
     logged: LoggedEpoch,
     result: EpochResult,
 ) -> None:
-    """Hand one epoch's egress to the writers that have not released it yet (a replayed epoch
-    is skipped by a writer that covers it): each partition's outcomes, and on
-    :data:`DEAD_LETTER_PARTITION`'s writer the dead letters of transactions an operator skipped
-    (``epochal skip``), so each is written once however often the epoch is replayed."""
-    staged = EgressEncoder(app).staged
-    for partition, outcomes in result.by_partition.items():
-        writer = writers[partition]
-        if logged.position >= writer.covered:
-            writer.stage(staged(outcomes))
-    dead = writers.get(PartitionId(DEAD_LETTER_PARTITION))
-    if dead is not None and logged.position >= dead.covered:
-        encode_letter = app.egress_codec.dead_letter
-        for letter in skipped_dead_letters(logged.record):
-            dead.add(app.topics.dead_letters, encode_letter(letter), letter.key)
+    """Hand one epoch's egress, of outcomes kept in ``result``, to the writers that have not
+    released it yet (:class:`EpochEgress`)."""
+    egress = EpochEgress(app, writers, logged)
+    egress.add(result.by_partition)
+    egress.stage()
 
 
 def held_dead_letters(app: App, epoch: int, dead: Sequence[DeadLetter]) -> list[OutboxRow]:
@@ -255,8 +281,9 @@ class _OldLayout:
         for read in log.epochs(start, to_end=True):
             logged = amendments.amend(read)
             ensure_same_code(logged.record, code_hash)
-            result = await engine.run_epoch(logged.record)
-            stage_egress(app, by_partition, logged, result)
+            egress = EpochEgress(app, by_partition, logged)
+            await engine.run_epoch(logged.record, egress.add)
+            egress.stage()
             for writer in writers:
                 if writer.pending >= MAX_PENDING_EGRESS:
                     writer.commit(logged.position + 1)

@@ -13,6 +13,7 @@ same interior transactions for the next epoch.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -40,7 +41,7 @@ from epochal.schemas.canonical import decode_canonical
 from epochal.schemas.commands import ActorKey, EpochRecord, KeyRef, PartitionId
 from epochal.schemas.snapshots import SnapshotPart
 
-__all__ = ["Engine", "EpochResult", "LocalEngine", "owner_of", "partitions_of"]
+__all__ = ["Engine", "EpochResult", "LocalEngine", "OnReported", "owner_of", "partitions_of"]
 
 T = TypeVar("T")
 
@@ -88,6 +89,43 @@ class EpochResult:
     digest: str
     by_partition: dict[PartitionId, list[TxnOutcome]] = field(default_factory=dict)
     changes: Sequence[Change] | None = None  # at a snapshot epoch: this worker's changed actors
+
+
+OnReported = Callable[[Mapping[PartitionId, list[TxnOutcome]]], None]
+"""Takes the outcomes a slice of an epoch reported, by partition, each partition's in
+timestamp order."""
+
+
+class _Reporting:
+    """What an epoch's reported outcomes leave, slice by slice: all of them, or, when they go
+    to ``on_reported``, only those that emitted; and with ``archived`` (snapshots), their
+    seqs and abort reasons."""
+
+    def __init__(
+        self, partitions: Iterable[PartitionId], on_reported: OnReported | None, archived: bool
+    ) -> None:
+        self.on_reported = on_reported
+        self.archived = archived
+        self.outcomes: list[TxnOutcome] = []  # in timestamp order
+        self.by_partition: dict[PartitionId, list[TxnOutcome]] = (
+            {p: [] for p in partitions} if on_reported is None else {}
+        )
+        self.seqs: list[int] = []
+        self.aborted: dict[int, str] = {}
+
+    def add(self, reported: dict[PartitionId, list[TxnOutcome]]) -> None:
+        """One slice's outcomes: slices come in timestamp order."""
+        outcomes = sorted(itertools.chain.from_iterable(reported.values()), key=BY_SEQ)
+        if self.archived:
+            self.seqs += [o.seq for o in outcomes]
+            self.aborted.update((o.seq, o.reason) for o in outcomes if not o.committed)
+        if self.on_reported is not None:
+            self.on_reported(reported)
+            self.outcomes += [o for o in outcomes if o.emits]
+            return
+        self.outcomes += outcomes
+        for partition, part in reported.items():
+            self.by_partition[partition] += part
 
 
 class Engine:
@@ -141,7 +179,6 @@ class Engine:
         self._done_arrived = asyncio.Event()
         self._outbox: dict[tuple[int, int], list[TxnReads]] = {}  # (peer, epoch) → reads
         self._alone = all(w == worker for w in self.worker_of)  # owns every partition
-        self._keep_outcomes = True
 
     # --- the Exchange protocol ---------------------------------------------------------------
 
@@ -176,28 +213,32 @@ class Engine:
 
     # --- epochs ----------------------------------------------------------------------------
 
-    async def run_epoch(self, record: EpochRecord) -> EpochResult:
+    async def run_epoch(
+        self, record: EpochRecord, on_reported: OnReported | None = None
+    ) -> EpochResult:
+        """Run one epoch a slice at a time (its objects stay in cache while the slice runs).
+
+        ``on_reported`` takes each slice's reported outcomes, by partition, as soon as the
+        slice has run (while they are still in cache; a worker encodes their egress then), and
+        the result then holds only those that emitted: what the next epoch needs.
+        """
         clock = EpochClock.of(record)
         carried = self.carried
+        taken = _Reporting(self.partitions, on_reported, archived=self.snapshots)
         if self._alone:
-            plan = plan_slices(self.app, record, carried)
-            by_partition = self.executor.run_alone(
-                clock, plan, self.ranges, self.ran, keep=self._keep_outcomes
-            )
+            for plan in plan_slices(self.app, record, carried):
+                taken.add(self.executor.run_alone(clock, plan, self.ranges, self.ran))
         else:
-            by_partition = {p: [] for p in self.partitions}
             slices = share_slices(
                 self.app, record, carried, self.ranges, worker_of=self.worker_of, worker=self.worker
             )
-            for steps in slices:  # each slice's objects stay in cache while it runs
+            for steps in slices:
                 running = self.executor.run_epoch(clock, steps, self, self.ran)
-                for partition, part in (await self._unless_peers_fail(running)).items():
-                    by_partition[partition] += part
+                taken.add(await self._unless_peers_fail(running))
         self.executed = record.epoch
-        outcomes = tuple(sorted((o for part in by_partition.values() for o in part), key=BY_SEQ))
         if self.snapshots:
-            self._reported.append(Reported.of(record, outcomes, carried))
-        emitted = emitted_by(outcomes)
+            self._reported.append(Reported.of(record, taken.seqs, taken.aborted, carried))
+        emitted = emitted_by(taken.outcomes)
         if self.peers is not None:
             emitted += await self._exchange_emits(record.epoch, emitted)
         self.carried = sorted(emitted, key=BY_EMIT_ORDER)
@@ -211,7 +252,9 @@ class Engine:
             and record.epoch - self.store.floor >= VERSION_WINDOW_EPOCHS
         ):
             self.store.raise_floor(record.epoch - 1)  # queries only: keep a few epochs' versions
-        return EpochResult(record.epoch, outcomes, self.digest(), by_partition, changes)
+        return EpochResult(
+            record.epoch, tuple(taken.outcomes), self.digest(), taken.by_partition, changes
+        )
 
     def take_reported(self) -> list[Reported]:
         """With snapshots: what the transactions this worker reported did since the last call
@@ -289,14 +332,7 @@ class Engine:
 
 
 class LocalEngine(Engine):
-    """All partitions in this process: ``asyncio.run(LocalEngine(app, 4).run(records))``.
+    """All partitions in this process: ``asyncio.run(LocalEngine(app, 4).run(records))``."""
 
-    ``keep_outcomes=False`` is for a caller that wants only the state (replay): an epoch's
-    result then holds just the outcomes that emitted, and each is freed once it has run.
-    """
-
-    def __init__(
-        self, app: App, partitions: int, *, track_digest: bool = True, keep_outcomes: bool = True
-    ) -> None:
+    def __init__(self, app: App, partitions: int, *, track_digest: bool = True) -> None:
         super().__init__(app, partitions, track_digest=track_digest)
-        self._keep_outcomes = keep_outcomes

@@ -215,36 +215,32 @@ class EpochExecutor:
     def run_alone(
         self,
         clock: EpochClock,
-        plan: Iterable[Sequence[Invocation]],
+        plan: Sequence[Invocation],
         ranges: KeyRanges,
         ran: dict[PartitionId, int],
-        *,
-        keep: bool = True,
     ) -> dict[PartitionId, list[TxnOutcome]]:
-        """Run a whole epoch, planned in slices (:func:`plan_slices`), on a worker that owns
-        every partition (one worker; replay): in timestamp order, with no chains, no exchange
-        and no :class:`Step` per transaction. Counts in ``ran`` the transactions each
-        partition took part in. ``keep=False`` (replay, which wants only the state) reports
-        just the outcomes that emitted, which the next epoch needs."""
+        """Run an epoch, or a slice of it (:func:`plan_slices`), on a worker that owns every
+        partition (one worker; replay): in timestamp order, with no chains, no exchange and no
+        :class:`Step` per transaction. Counts in ``ran`` the transactions each partition took
+        part in."""
         reported: dict[PartitionId, list[TxnOutcome]] = {p: [] for p in self.partitions}
         app, values, apply, epoch = self.app, self.store.values, self.store.apply, clock.epoch
         partitions_of = ranges.partitions_of_keys
         by_parts: dict[tuple[PartitionId, ...], int] = {}  # transactions per partition tuple
-        for invocations in plan:
-            for invocation in invocations:
-                keys = invocation.keys
-                parts = partitions_of(keys)
-                by_parts[parts] = by_parts.get(parts, 0) + 1
-                RUNNING.invocation = invocation  # for the watchdog of a handler that hangs
-                try:
-                    outcome = run_transaction(app, invocation, values, clock)
-                finally:
-                    RUNNING.invocation = None
-                if outcome.committed:  # the handler read the store itself: apply after it ran
-                    for ref, value in outcome.writes.items():
-                        apply(ref, parts[keys.index(ref)], value, epoch)
-                if keep or outcome.emits:  # no keys: partition 0 reports
-                    reported[min(parts) if parts else PartitionId(0)].append(outcome)
+        for invocation in plan:
+            keys = invocation.keys
+            parts = partitions_of(keys)
+            by_parts[parts] = by_parts.get(parts, 0) + 1
+            reporter = min(parts) if parts else PartitionId(0)  # no keys: partition 0 reports
+            RUNNING.invocation = invocation  # for the watchdog of a handler that hangs
+            try:
+                outcome = run_transaction(app, invocation, values, clock)
+            finally:
+                RUNNING.invocation = None
+            if outcome.committed:  # the handler read the store itself: apply after it ran
+                for ref, value in outcome.writes.items():
+                    apply(ref, parts[keys.index(ref)], value, epoch)
+            reported[reporter].append(outcome)
         for parts, count in by_parts.items():
             for p in set(parts):
                 ran[p] += count

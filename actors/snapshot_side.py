@@ -7,15 +7,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 
 import msgspec
 
 from epochal.actors.api import App
 from epochal.actors.egress import DEAD_LETTER_PARTITION, EgressEncoder, held_dead_letters
 from epochal.actors.egress_release import EgressRelease
-from epochal.actors.engine import Engine, EpochResult
-from epochal.actors.outcome import Emitted
+from epochal.actors.engine import Engine
+from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.actors.snapshots import SnapshotCommitter, Snapshots, SnapshotTaker, with_log_position
 from epochal.actors.store import Change
 from epochal.actors.transport import CommittedFrame, PartFrame, Peers
@@ -92,14 +92,17 @@ class SnapshotSide:
         logged as: the snapshot process decodes them."""
         self._epochs.append(logged.msgpack())
 
-    def hold(self, logged: LoggedEpoch, result: EpochResult) -> None:
-        """Weak mode: this epoch's dead letters (on the worker of their partition) and egress
-        wait for the snapshot that covers it."""
-        app, epoch = self.app, logged.record.epoch
+    def hold_dead_letters(self, logged: LoggedEpoch) -> None:
+        """Weak mode: this epoch's dead letters (on the worker of their partition) wait for the
+        snapshot that covers it, before its egress."""
         if DEAD_LETTER_PARTITION in self.writers:
-            self._held += held_dead_letters(app, epoch, logged.dead)
-        records = EgressEncoder(app).records
-        for partition, outcomes in result.by_partition.items():
+            self._held += held_dead_letters(self.app, logged.record.epoch, logged.dead)
+
+    def hold(self, epoch: int, reported: Mapping[PartitionId, Sequence[TxnOutcome]]) -> None:
+        """Weak mode: the egress of outcomes of ``epoch`` (a slice of them, as the engine
+        reports them) waits for the snapshot that covers it."""
+        records = EgressEncoder(self.app).records
+        for partition, outcomes in reported.items():
             for outcome in outcomes:
                 for topic, value in records(outcome):
                     self._held.append(OutboxRow(epoch, partition, topic, value))

@@ -28,7 +28,7 @@ from typing import Protocol, TypeVar
 
 import msgspec
 
-from epochal.actors.outcome import Emitted, TxnOutcome
+from epochal.actors.outcome import Emitted
 from epochal.actors.plan import interior_seqs
 from epochal.actors.store import Change
 from epochal.schemas.canonical import encode_canonical
@@ -78,12 +78,14 @@ class Reported:
 
     @classmethod
     def of(
-        cls, record: EpochRecord, outcomes: Sequence[TxnOutcome], carried: Sequence[Emitted]
+        cls,
+        record: EpochRecord,
+        seqs: list[int],
+        aborted: dict[int, str],
+        carried: Sequence[Emitted],
     ) -> Reported:
-        """From an epoch's reported ``outcomes`` (in seq order) and the interior transactions
-        it started with (``carried``)."""
-        seqs = [o.seq for o in outcomes]
-        aborted = {o.seq: o.reason for o in outcomes if not o.committed}
+        """From the seqs of an epoch's reported outcomes (in order), the reasons of those that
+        aborted, and the interior transactions it started with (``carried``)."""
         interior: dict[int, Emitted] = {}
         if carried and seqs and seqs[0] < 0:
             emitted = dict(interior_seqs(carried))

@@ -27,11 +27,12 @@ new generation (docs/concepts.md).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
@@ -39,13 +40,14 @@ import msgspec
 from epochal.actors.api import App
 from epochal.actors.egress import (
     MAX_PENDING_EGRESS,
+    EpochEgress,
     layout_in_force,
-    stage_egress,
 )
 from epochal.actors.egress_release import EgressRelease
-from epochal.actors.engine import Engine, EpochResult, partitions_of
+from epochal.actors.engine import Engine, EpochResult, OnReported, partitions_of
 from epochal.actors.interior_ticker import InteriorTicker
 from epochal.actors.lifecycle import collect_less
+from epochal.actors.outcome import TxnOutcome
 from epochal.actors.outcome_metrics import count_outcomes
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import ensure_same_code
@@ -293,14 +295,17 @@ class Worker:
             logged = await self._before_failed_epoch(logged, taking, release)
         if logged.record.final:
             progress.final = logged.record.epoch
-        result = await self._execute(engine, logged)
-        if taking is not None:
-            taking.archive(logged)
         if self.weak:
             assert taking is not None, "weak recovery takes snapshots"
-            taking.hold(logged, result)
+            taking.hold_dead_letters(logged)
+            held = functools.partial(taking.hold, logged.record.epoch)
+            result = await self._execute(engine, logged, held)
         else:
-            stage_egress(self.app, writers, logged, result)
+            egress = EpochEgress(self.app, writers, logged)
+            result = await self._execute(engine, logged, egress.add)
+            egress.stage()
+        if taking is not None:
+            taking.archive(logged)
         progress.next = logged.position + 1
         snapshot = result.changes if taking is not None else None
         if not self.weak and snapshot is not None:
@@ -478,16 +483,26 @@ class Worker:
         logger.info("held egress released after a restart ssid=%d records=%d partitions=%s",
                     resumed.ssid, len(rows), owed)  # fmt: skip
 
-    async def _execute(self, engine: Engine, logged: LoggedEpoch) -> EpochResult:
+    async def _execute(
+        self, engine: Engine, logged: LoggedEpoch, egress: OnReported
+    ) -> EpochResult:
+        """Run the epoch; its outcomes, a slice at a time, are counted and go to ``egress``
+        (staged, or held until a snapshot in weak mode)."""
         record = logged.record
         ensure_same_code(record, self.code_hash, self.config.allow_code_change)
+        metrics = self.metrics
+
+        def on_reported(reported: Mapping[PartitionId, list[TxnOutcome]]) -> None:
+            for outcomes in reported.values():
+                count_outcomes(metrics, outcomes)
+            egress(reported)
+
         started = time.perf_counter()
-        result = await engine.run_epoch(record)
+        result = await engine.run_epoch(record, on_reported)
         self.metrics.inc("epochal_epochs_total")
         self.metrics.inc("epochal_epoch_seconds_sum", time.perf_counter() - started)
         self.metrics.set("epochal_command_log_position", logged.position)
         self._count_partitions(engine)
-        count_outcomes(self.metrics, result.outcomes)
         return result
 
 

@@ -39,7 +39,7 @@ def replay_command_log(
     Returns the engine (its state) and the number of epochs replayed. Only the digest at the
     end counts, so it is made then, once; the collector runs less meanwhile.
     """
-    engine = LocalEngine(app, partitions, track_digest=False, keep_outcomes=False)
+    engine = LocalEngine(app, partitions, track_digest=False)
     if restored is not None:
         manifest = restored.manifest
         engine.load(restored.actors, manifest.epoch, carried_of(manifest), restored.migrations)
@@ -52,7 +52,7 @@ def replay_command_log(
         for read in epochs:
             logged = amended.amend(read)
             ensure_same_code(logged.record, code_hash, allow_code_change)
-            await engine.run_epoch(logged.record)
+            await engine.run_epoch(logged.record, on_reported=_state_only)
             replayed += 1
             on_epoch(logged.position)
 
@@ -60,3 +60,7 @@ def replay_command_log(
         asyncio.run(run())
     engine.store.track_digest()
     return engine, replayed
+
+
+def _state_only(reported: object) -> None:
+    """Replay wants the state: each slice's outcomes are let go as soon as it has run."""

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from epochal.actors.layout import default_workers
 from epochal.actors.oracle import SerialOracle
+from epochal.actors.plan import PLAN_SLICE
 from epochal.config import KafkaConfig
 from epochal.log.client import KafkaClients
 from epochal.schemas.commands import ClientRequest, Origin
@@ -182,6 +183,26 @@ def test_the_default_layout_leaves_a_core_to_the_sequencer_and_applies_each_inpu
         wait_until(lambda: cluster.generation() > generation, 30, "no rollback", log=cluster.log)
         cluster.produce(1500)
         cluster.check_against_the_oracle()
+        cluster.stop()
+    finally:
+        cluster.close()
+
+
+def test_a_backlog_run_in_epochs_of_several_slices_egresses_as_the_oracle_says(
+    kafka_config: KafkaConfig, tmp_path: Path
+) -> None:
+    """A backlog read at a start makes epochs of several of the slices a worker plans and runs
+    at a time: the egress of each slice, encoded as it runs and staged with its epoch, goes
+    out once per input, with the oracle's outcome."""
+    cluster = Cluster(f"sl{uuid.uuid4().hex[:8]}", tmp_path, KafkaClients(kafka_config))
+    try:
+        cluster.start(workers=2, partitions=4)
+        cluster.produce(0, deposits=True)
+        cluster.stop()
+        cluster.produce(6000)
+        cluster.start(workers=2, partitions=4)
+        cluster.check_against_the_oracle()
+        assert max(len(epoch.txns) for epoch in cluster.epochs()) > 2 * PLAN_SLICE
         cluster.stop()
     finally:
         cluster.close()

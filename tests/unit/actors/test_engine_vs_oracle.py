@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 import pytest
 from hypothesis import given, settings
 
 from epochal.actors.engine import EpochResult, LocalEngine
 from epochal.actors.oracle import SerialOracle
+from epochal.actors.outcome import TxnOutcome
 from epochal.actors.plan import PLAN_SLICE
 from epochal.log.command_log import MemoryCommandLog
 from epochal.recovery.replay import replay_command_log
+from epochal.schemas.commands import PartitionId
 from tests.unit.actors.workload import (
     Account,
     Deposit,
@@ -88,6 +91,32 @@ def test_epochs_of_several_slices_match_the_oracle_and_replay_reaches_its_state(
         log.append(record)
     engine, _ = replay_command_log(app, log.epochs())
     assert engine.digest() == expected[-1].digest
+
+
+def test_outcomes_handed_over_slice_by_slice_are_the_epochs_outcomes() -> None:
+    """With ``on_reported`` an engine hands over each slice's outcomes by partition as soon as
+    it has run them, and keeps only those that emitted: joined, the slices are the outcomes
+    it reports otherwise, and the state, the interior transactions carried on and what a
+    snapshot archives of each epoch are the same."""
+    from epochal.actors.engine import Engine
+
+    kept, handed = Engine(app, 4, snapshots=True), Engine(app, 4, snapshots=True)
+    most = 0
+    for record in several_slices():
+        whole = asyncio.run(kept.run_epoch(record))
+        slices: list[Mapping[PartitionId, list[TxnOutcome]]] = []
+        result = asyncio.run(handed.run_epoch(record, slices.append))
+        most = max(most, len(slices))
+        assert {p: [o for s in slices for o in s[p]] for p in whole.by_partition} == (
+            whole.by_partition
+        )
+        assert result.outcomes == tuple(o for o in whole.outcomes if o.emits)
+        assert (result.digest, handed.carried) == (whole.digest, kept.carried)
+        [reported] = kept.take_reported()
+        assert reported.seqs == [o.seq for o in whole.outcomes]
+        assert reported.aborted == {o.seq: o.reason for o in whole.outcomes if not o.committed}
+        assert handed.take_reported() == [reported]
+    assert most > 2
 
 
 @settings(max_examples=30, deadline=None)
