@@ -49,7 +49,7 @@ from epochal.actors.store import StateStore
 from epochal.actors.watchdog import RUNNING
 from epochal.schemas.commands import EpochRecord, KeyRef, PartitionId
 
-__all__ = ["EpochExecutor", "Exchange", "Reads", "Step", "plan_share", "share_slices"]
+__all__ = ["EpochExecutor", "Exchange", "Reads", "Step", "share_slices"]
 
 Reads = dict[KeyRef, bytes | None]
 
@@ -110,24 +110,6 @@ def _shape_of(
     return tuple(sorted(set(owners))), local, reporter
 
 
-def plan_share(
-    app: App,
-    record: EpochRecord,
-    carried: list[Emitted],
-    ranges: KeyRanges,
-    *,
-    worker_of: Sequence[int],
-    worker: int,
-) -> list[Step]:
-    """This worker's share of an epoch, in timestamp order (``worker_of[p]`` runs partition p):
-    the transactions that touch a key of its partitions, and those without keys if it runs
-    partition 0 (:func:`share_slices` in one slice)."""
-    slices = share_slices(
-        app, record, carried, ranges, worker_of=worker_of, worker=worker, size=None
-    )
-    return next(slices, [])
-
-
 def share_slices(
     app: App,
     record: EpochRecord,
@@ -139,7 +121,9 @@ def share_slices(
     size: int | None = PLAN_SLICE,
 ) -> Iterator[list[Step]]:
     """This worker's share of each ``size`` transactions of an epoch in turn (None: all at
-    once), each planned when the one before has been taken; a slice may hold no step. One
+    once), each planned when the one before has been taken; a slice may hold no step. Its share
+    is, in timestamp order, the transactions that touch a key of its partitions
+    (``worker_of[p]`` runs partition p), and those without keys if it runs partition 0. One
     pass: each transaction's partitions are looked up once, what they mean for this worker is
     worked out once per distinct tuple of partitions (a few, however many transactions), and
     only the events of this worker's transactions are decoded."""

@@ -8,7 +8,7 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Sequence
 
-from epochal.actors.executor import EpochExecutor, plan_share
+from epochal.actors.executor import EpochExecutor, share_slices
 from epochal.actors.oracle import SerialOracle
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import EpochClock
@@ -74,7 +74,8 @@ def _run(batches: list[list[object]], delay: Sequence[int]) -> list[dict[KeyRef,
 
     async def worker(w: int) -> None:
         for record in records:
-            steps = plan_share(app, record, [], ranges, worker_of=list(workers), worker=w)
+            slices = share_slices(app, record, [], ranges, worker_of=list(workers), worker=w)
+            steps = [step for part in slices for step in part]
             await executors[w].run_epoch(
                 EpochClock.of(record), steps, exchange.of(w), defaultdict(int)
             )

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epochal.actors.executor import plan_share
+from epochal.actors.executor import share_slices
 from epochal.actors.outcome import Emitted, TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import Invocation, emitted_by, plan_epoch, plan_slices
@@ -80,7 +80,8 @@ def _bank_plans(record: EpochRecord, carried: list[Emitted] | None = None) -> li
     invocations = plan_epoch(bank, record, carried or [])
     ranges = KeyRanges.even(bank, 2)
     for worker in (0, 1):
-        steps = plan_share(bank, record, carried or [], ranges, worker_of=[0, 1], worker=worker)
+        slices = share_slices(bank, record, carried or [], ranges, worker_of=[0, 1], worker=worker)
+        steps = [step for part in slices for step in part]
         invocations += [s.invocation for s in steps]
     return invocations
 
@@ -148,7 +149,8 @@ def test_a_worker_plans_the_transactions_on_its_keys_and_one_worker_reports_each
     everything = [(inv.seq, inv.keys) for inv in plan_epoch(app, record, carried)]
     reported: Counter[int] = Counter()
     for worker in (0, 1):
-        steps = plan_share(app, record, carried, ranges, worker_of=worker_of, worker=worker)
+        slices = share_slices(app, record, carried, ranges, worker_of=worker_of, worker=worker)
+        steps = [step for part in slices for step in part]
         owners = {seq: {worker_of[ranges.partition_of(r)] for r in keys} or {worker_of[0]}
                   for seq, keys in everything}  # fmt: skip
         mine = [(seq, keys) for seq, keys in everything if worker in owners[seq]]
