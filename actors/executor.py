@@ -118,10 +118,10 @@ def share_slices(
     *,
     worker_of: Sequence[int],
     worker: int,
-    size: int | None = PLAN_SLICE,
+    size: int = PLAN_SLICE,
 ) -> Iterator[list[Step]]:
-    """This worker's share of each ``size`` transactions of an epoch in turn (None: all at
-    once), each planned when the one before has been taken; a slice may hold no step. Its share
+    """This worker's share of each ``size`` transactions of an epoch in turn, each planned
+    when the one before has been taken; a slice may hold no step. Its share
     is, in timestamp order, the transactions that touch a key of its partitions
     (``worker_of[p]`` runs partition p), and those without keys if it runs partition 0. One
     pass: each transaction's partitions are looked up once, what they mean for this worker is
