@@ -47,7 +47,8 @@ def feed_at_rate(
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
     sent, started, tick = 0, time.monotonic(), 0
-    while (elapsed := time.monotonic() - started) < seconds and not (stop and stop.is_set()):
+    while not (stop and stop.is_set()):
+        elapsed = time.monotonic() - started
         due = int(rate * min(elapsed + 0.01, seconds)) - sent
         for _ in range(due):
             item = next(source)
@@ -55,6 +56,8 @@ def feed_at_rate(
             producer.produce(topic, value, on_delivery=delivered)
         sent += max(0, due)
         producer.poll(0)
+        if elapsed + 0.01 >= seconds:  # the last burst is sent, however late this pass came
+            break
         tick += 1
         time.sleep(max(0.0, started + tick * 0.01 - time.monotonic()))
     assert producer.flush(60) == 0
