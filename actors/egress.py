@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from epochal.actors.api import App
-from epochal.actors.engine import Engine, EpochResult
+from epochal.actors.engine import Engine
 from epochal.actors.outcome import TxnOutcome
 from epochal.actors.partitioning import KeyRanges
 from epochal.actors.plan import ensure_same_code
@@ -60,7 +60,6 @@ __all__ = [
     "held_dead_letters",
     "layout_in_force",
     "prepare_egress",
-    "stage_egress",
 ]
 
 logger = logging.getLogger(__name__)
@@ -155,19 +154,6 @@ class EpochEgress:
             encode_letter = self.app.egress_codec.dead_letter
             for letter in skipped_dead_letters(self.logged.record):
                 dead.add(self.app.topics.dead_letters, encode_letter(letter), letter.key)
-
-
-def stage_egress(
-    app: App,
-    writers: Mapping[PartitionId, EgressWriter],
-    logged: LoggedEpoch,
-    result: EpochResult,
-) -> None:
-    """Hand one epoch's egress, of outcomes kept in ``result``, to the writers that have not
-    released it yet (:class:`EpochEgress`)."""
-    egress = EpochEgress(app, writers, logged)
-    egress.add(result.by_partition)
-    egress.stage()
 
 
 def held_dead_letters(app: App, epoch: int, dead: Sequence[DeadLetter]) -> list[OutboxRow]:

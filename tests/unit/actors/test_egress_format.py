@@ -13,7 +13,7 @@ import pytest
 from epochal import ConfigError, EgressFormat
 from epochal.actors.api import App
 from epochal.actors.context import Context
-from epochal.actors.egress import DEAD_LETTER_PARTITION, held_dead_letters, stage_egress
+from epochal.actors.egress import DEAD_LETTER_PARTITION, EpochEgress, held_dead_letters
 from epochal.log.command_log import LoggedEpoch
 from epochal.log.ordering import dead_letter
 from epochal.schemas.codec import decode
@@ -205,7 +205,7 @@ def test_the_sequencer_writes_dead_letters_in_the_format_it_is_given() -> None:
 
 
 class _Released:
-    """What an egress writer is handed, by topic (stage_egress's side of the writer)."""
+    """What an egress writer is handed, by topic (:class:`EpochEgress`'s side of the writer)."""
 
     def __init__(self) -> None:
         self.covered = 0
@@ -226,7 +226,9 @@ def test_an_operators_skip_releases_its_dead_letter_in_the_apps_format() -> None
         [record], [result] = t.command_log, t.results
         skipped = msgspec.structs.replace(record, skipped={0: SKIPPED_REASON})
         writers = {PartitionId(p): _Released() for p in range(2)}
-        stage_egress(t.app, writers, LoggedEpoch(7, skipped), result)
+        egress = EpochEgress(t.app, writers, LoggedEpoch(7, skipped))
+        egress.add(result.by_partition)
+        egress.stage()
         dlq = [v for w in writers.values() for topic, v, _ in w.added if topic == "fmt.dlq"]
         [letter] = [egress_codec(egress_format).read_dead_letter(v) for v in dlq]
         assert (letter.reason, letter.topic, letter.offset) == (SKIPPED_REASON, "fmt.in.bumps", 0)
