@@ -18,16 +18,18 @@ no join at the commit.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 import msgspec
 
+from epochal.actors.api import App
 from epochal.actors.outcome import Emitted
 from epochal.actors.plan import interior_seqs
 from epochal.actors.store import Change
@@ -42,6 +44,7 @@ __all__ = [
     "SnapshotTaker",
     "Snapshots",
     "carried_of",
+    "migrations_named",
     "with_log_position",
 ]
 
@@ -58,6 +61,13 @@ class Restored:
     manifest: Manifest
     actors: dict[str, list[tuple[ActorKey, bytes]]]
     migrations: Mapping[str, Callable[[bytes], bytes | None]] = field(default_factory=dict)
+
+
+def migrations_named(
+    app: App, actor_types: Iterable[str]
+) -> dict[str, Callable[[bytes], bytes | None]]:
+    """The app's migration of each of ``actor_types``, as a restore runs it over each value."""
+    return {name: functools.partial(app.migrated, name) for name in actor_types}
 
 
 @dataclass(frozen=True, slots=True)

@@ -274,7 +274,7 @@ def _worker_main(config: ClusterPlan, worker: WorkerConfig, parent: int) -> None
     if snapshots is not None:  # before Kafka clients start threads
         system_heap_for_arrow()
         title = f"epochal: snapshots of worker {worker.worker} of {app.name}"
-        snapshots = snapshots_beside(snapshots, f"{title} (generation {worker.generation})")
+        snapshots = snapshots_beside(snapshots, f"{title} (generation {worker.generation})", app)
     steady_heap()  # after the fork: the snapshot process keeps glibc's own threshold
     watch = HangWatch(config.failure.hang_bound_ms, hung)
     watch.start()

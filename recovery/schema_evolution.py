@@ -22,7 +22,6 @@ column still holds every old value). Columns of removed fields stay, null from t
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 
@@ -33,6 +32,7 @@ from deltalake import DeltaTable, Field, write_deltalake
 from deltalake import Schema as DeltaSchema
 
 from epochal.actors.api import App
+from epochal.actors.snapshots import migrations_named
 from epochal.errors import RecoveryError
 from epochal.schemas.actor_schemas import ActorSchema, schemas_of
 from epochal.schemas.evolution import ChangeKind, FieldChange, schema_changes
@@ -64,11 +64,9 @@ def migrations_for(app: App, manifest: Manifest) -> dict[str, Migrate]:
     if not manifest.schemas or not app.migrations:
         return {}
     changed = _by_type(schema_changes(manifest.schemas, app_schemas(app)))
-    return {
-        name: functools.partial(app.migrated, name)
-        for name in app.migrations
-        if name in changed and name in manifest.schemas
-    }
+    return migrations_named(
+        app, [name for name in app.migrations if name in changed and name in manifest.schemas]
+    )
 
 
 def check_schemas(

@@ -1,5 +1,6 @@
 """The snapshot process beside each worker (``actors/snapshot_process.py``), over real Delta
-tables: snapshots written and committed through it equal the serial oracle and restore whole;
+tables: snapshots written and committed through it equal the serial oracle and restore whole
+(read there, not in the worker);
 an error there is raised in the worker as what it was; it ignores the signals meant for its
 worker, dies with it, leaves when closed, and a process gone is named, not waited on.
 
@@ -35,7 +36,7 @@ def _beside(warehouse: str):  # type: ignore[no-untyped-def]
     from tests.unit.actors.workload import app
 
     config = SnapshotConfig(warehouse, keep=0)
-    return snapshots_beside(DeltaSnapshots(app, config, partitions=4), _TITLE)
+    return snapshots_beside(DeltaSnapshots(app, config, partitions=4), _TITLE, app)
 
 
 def _forked_snapshots(warehouse: str):  # type: ignore[no-untyped-def]
@@ -49,8 +50,11 @@ def _forked_snapshots(warehouse: str):  # type: ignore[no-untyped-def]
 def _snapshot_all(warehouse: str, answer: Connection) -> None:
     """Run the log, snapshotting through the process; answer what a worker would see."""
     from epochal.actors.engine import Engine
+    from epochal.actors.snapshot_process import _native_threads
     from epochal.actors.snapshots import with_log_position
     from epochal.actors.store import Change
+    from epochal.config import SnapshotConfig
+    from epochal.recovery.snapshots import DeltaSnapshots
     from epochal.schemas.commands import KeyRef, PartitionId
     from tests.unit.actors.workload import app
 
@@ -67,6 +71,8 @@ def _snapshot_all(warehouse: str, answer: Connection) -> None:
             forked.retain(manifest)
             digests[manifest.ssid] = manifest.digest
     restored = forked.restore()
+    threads = _native_threads()  # delta-rs's runtime would leave its threads here
+    by_itself = DeltaSnapshots(app, SnapshotConfig(warehouse, keep=0), partitions=4).restore()
     title = process_title(forked.pid)
     niceness = (os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, forked.pid))
     scheduler = os.sched_getscheduler(forked.pid)
@@ -85,6 +91,9 @@ def _snapshot_all(warehouse: str, answer: Connection) -> None:
         {
             "digests": digests,
             "restored": restored.manifest.ssid if restored else None,
+            "actors": restored.actors if restored else None,
+            "threads": threads,
+            "by_itself": by_itself.actors if by_itself else None,
             "title": title,
             "niceness": niceness,
             "scheduler": scheduler,
@@ -146,6 +155,8 @@ def test_snapshots_through_the_process_equal_the_oracle_and_its_errors_come_back
     assert sorted(seen["digests"]) == [2, 5, 8, 11]
     assert all(digest == expected[ssid] for ssid, digest in seen["digests"].items())
     assert seen["restored"] == 11
+    assert seen["actors"] == seen["by_itself"] and seen["actors"]  # restored over there, whole
+    assert seen["threads"] == 0  # and the worker never ran delta-rs (nor kept its threads)
     assert seen["title"] == _TITLE  # and it took no notice of SIGINT and SIGTERM
     worker, snapshots = seen["niceness"]  # it yields the cores to the epoch loops
     assert snapshots == min(worker + NICENESS, 19)
