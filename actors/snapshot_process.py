@@ -5,8 +5,8 @@ rendered as JSON and a canonical transaction per row) is Python work, and on a t
 worker it took the GIL from the epoch loop for a third of the worker's time. In a process forked
 from the worker before its Kafka clients start threads, the same :class:`Snapshots` does that work
 on the other core (the worker pins itself to one CPU only after the fork), and the worker hands
-it each cut as one msgpack message: a few hundred nanoseconds a transaction, where building the
-rows cost several microseconds.
+it each cut as msgpack, a few epochs a message (:data:`STAGE_EPOCHS`): a few hundred nanoseconds
+a transaction, where building the rows cost several microseconds.
 
 The process serves three lanes, each a socket with a thread at either end: the parts
 (:meth:`ForkedSnapshots.write`, from the worker's snapshot-writer thread), the commits
@@ -55,10 +55,17 @@ class SnapshotProcessError(RuntimeError):
     be carried back as the exception it raised."""
 
 
+class _Stage(msgspec.Struct, tag="stage", frozen=True):
+    """The next epochs of the part about to be written: their writes and their msgpack."""
+
+    epochs: list[ChangeEnds]
+    archived: list[msgspec.Raw]
+
+
 class _Write(msgspec.Struct, tag="write", frozen=True):
     """A part to write. The changes come as they were handed over: a :class:`ChangedSince`'s
     writes of each epoch (merging them, comparing each actor's first and last value, happens
-    there) or, from any other sequence, the changes themselves."""
+    there), after those staged, or, from any other sequence, the changes themselves."""
 
     ssid: int
     worker: int
@@ -102,8 +109,12 @@ class _Restored(msgspec.Struct, frozen=True):
     migrated: list[str] = []
 
 
-_Call = _Write | _EnsureTables | _Commit | _Retain | _Restore | _Outbox
+_Call = _Stage | _Write | _EnsureTables | _Commit | _Retain | _Restore | _Outbox
+STAGE_EPOCHS = 4
+"""Epochs of a part sent per message ahead of it: a snapshot interval's writes in one message
+were tens of megabytes the worker built and held at once (its RSS peaked with them)."""
 _OK, _RAISED = b"\x00", b"\x01"
+_ASK, _TELL = b"?", b"!"  # the first byte of a message: whether it wants an answer
 NICENESS = 10
 """How much less CPU the process claims than the epoch loops when the cores are busy, where
 Linux's idle class (:func:`_yield_cores`) is not to be had."""
@@ -193,9 +204,14 @@ class ForkedSnapshots:
         epochs: list[ChangeEnds] | None = None
         listed: list[Change] = []
         if isinstance(changes, ChangedSince):  # each epoch's writes: merged over there
-            epochs = changes.columns()
+            epochs = []
+            for chunk in changes.column_chunks(STAGE_EPOCHS):
+                self._parts.tell(_Stage(chunk, []))
         else:
             listed = list(changes)
+        for start in range(0, len(archived), STAGE_EPOCHS):
+            self._parts.tell(_Stage([], list(archived[start : start + STAGE_EPOCHS])))
+        archived = ()
         call = _Write(
             ssid,
             worker,
@@ -225,7 +241,8 @@ class ForkedSnapshots:
 
 
 class _Lane:
-    """One caller's socket to the process: a call is one message each way."""
+    """One caller's socket to the process: a call is one message each way; what is told (a
+    part's staged epochs) goes one way, and is not waited for."""
 
     def __init__(self, connection: Connection, pid: int) -> None:
         self.connection = connection
@@ -234,18 +251,32 @@ class _Lane:
         self._encoder = msgspec.msgpack.Encoder()
 
     def call(self, call: _Call, returns: type[T] | None) -> T:
-        message = self._encoder.encode(call)
         with self._lock:
+            self._send(_ASK, call)
             try:
-                self.connection.send_bytes(message)
                 answer = self.connection.recv_bytes()
             except (EOFError, OSError) as exc:
-                raise SnapshotProcessError(
-                    f"the snapshot process (pid {self.pid}) is gone: {exc or 'it closed its end'}"
-                ) from exc
+                raise self._gone(exc) from exc
         if answer[:1] == _RAISED:
             raise pickle.loads(answer[1:])
         return msgspec.msgpack.decode(answer[1:], type=returns)
+
+    def tell(self, call: _Stage) -> None:
+        with self._lock:
+            self._send(_TELL, call)
+
+    def _send(self, kind: bytes, call: _Call) -> None:
+        message = bytearray(kind)
+        self._encoder.encode_into(call, message, 1)
+        try:
+            self.connection.send_bytes(message)
+        except OSError as exc:
+            raise self._gone(exc) from exc
+
+    def _gone(self, exc: BaseException) -> SnapshotProcessError:
+        return SnapshotProcessError(
+            f"the snapshot process (pid {self.pid}) is gone: {exc or 'it closed its end'}"
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -278,9 +309,24 @@ def _serve(snapshots: Snapshots, lanes: list[Connection], parent: int, title: st
         os._exit(code)
 
 
+class _Staged:
+    """What a lane was sent ahead of the part it writes next."""
+
+    def __init__(self) -> None:
+        self.epochs: list[ChangeEnds] = []
+        self.archived: list[msgspec.Raw] = []
+        self.failed: bytes | None = None  # the answer a staging that failed would have had
+
+    def take(self) -> tuple[list[ChangeEnds], list[msgspec.Raw]]:
+        taken = self.epochs, self.archived
+        self.epochs, self.archived = [], []
+        return taken
+
+
 def _answer(snapshots: Snapshots, lane: Connection) -> None:
     decoder = msgspec.msgpack.Decoder(_Call)
     encoder = msgspec.msgpack.Encoder()
+    staged = _Staged()
     while True:
         try:
             message = lane.recv_bytes()
@@ -288,11 +334,18 @@ def _answer(snapshots: Snapshots, lane: Connection) -> None:
             return
         call: _Call | None = None
         try:
-            call = decoder.decode(message)
-            answer = _OK + encoder.encode(_run(snapshots, call))
+            call = decoder.decode(memoryview(message)[1:])
+            if isinstance(call, _Write) and staged.failed is not None:  # what it needs is not in
+                staged.take()
+                answer, staged.failed = staged.failed, None
+            else:
+                answer = _OK + encoder.encode(_run(snapshots, call, staged))
         except Exception as exc:  # carried back: the worker raises it where it waits
             exc.add_note("in the snapshot process:\n" + traceback.format_exc().rstrip())
             answer = _RAISED + _pickled(exc)
+        if message[:1] == _TELL:  # nobody waits: what failed fails the part it was for
+            staged.failed = staged.failed or (None if answer[:1] == _OK else answer)
+            continue
         try:
             lane.send_bytes(answer)
         except OSError:
@@ -303,12 +356,17 @@ def _answer(snapshots: Snapshots, lane: Connection) -> None:
             give_back_heap()
 
 
-def _run(snapshots: Snapshots, call: _Call) -> Any:
+def _run(snapshots: Snapshots, call: _Call, staged: _Staged) -> Any:
     match call:
+        case _Stage():
+            staged.epochs += call.epochs
+            staged.archived += call.archived
+            return None
         case _Write():
+            epochs, archived = staged.take()
             changes: Sequence[Change] = call.changes
             if call.epochs is not None:
-                changes = ChangedSince.of_columns(call.epochs)
+                changes = ChangedSince.of_columns(epochs + call.epochs)
             return snapshots.write(
                 call.ssid,
                 call.worker,
@@ -316,7 +374,7 @@ def _run(snapshots: Snapshots, call: _Call) -> Any:
                 commands=call.commands,
                 outbox=call.outbox,
                 reported=call.reported,
-                archived=call.archived,
+                archived=archived + call.archived,
             )
         case _EnsureTables():
             return snapshots.ensure_tables(call.code_hash)
@@ -324,14 +382,15 @@ def _run(snapshots: Snapshots, call: _Call) -> Any:
             return snapshots.commit(call.parts, call.epoch)
         case _Retain():
             return snapshots.retain(call.latest)
-        case _Restore():
-            return _restored(snapshots)
-        case _Outbox():
-            return snapshots.outbox(call.manifest, call.partitions, call.from_epoch)
+        case _Restore() | _Outbox():
+            return _read(snapshots, call)
 
 
-def _restored(snapshots: Snapshots) -> _Restored:
-    """The newest complete snapshot, as it crosses to the worker."""
+def _read(snapshots: Snapshots, call: _Restore | _Outbox) -> _Restored | list[OutboxRow]:
+    """A start's reads: the newest complete snapshot, as it crosses to the worker, or the
+    outbox rows it asks for."""
+    if isinstance(call, _Outbox):
+        return snapshots.outbox(call.manifest, call.partitions, call.from_epoch)
     restored = snapshots.restore()
     if restored is None:
         return _Restored()

@@ -142,6 +142,17 @@ class ChangedSince(Sequence[Change]):
             self._columns = [writes.columns() for writes in self._epochs]
         return self._columns
 
+    def column_chunks(self, size: int) -> Iterator[list[ChangeEnds]]:
+        """:meth:`columns` ``size`` epochs at a time, made as they are taken (unless made
+        already): one chunk of copies at a time."""
+        if self._columns is not None:
+            columns = self._columns
+            yield from (columns[start : start + size] for start in range(0, len(columns), size))
+            return
+        epochs = self._epochs
+        for start in range(0, len(epochs), size):
+            yield [writes.columns() for writes in epochs[start : start + size]]
+
     def ends(self) -> ChangeEnds:
         """Each actor's value at the floor and at the snapshot (all a change needs), and its
         partition, in the order the actors were first written: dict merges and copies in C,

@@ -49,42 +49,48 @@ def _forked_snapshots(warehouse: str):  # type: ignore[no-untyped-def]
 
 def _snapshot_all(warehouse: str, answer: Connection) -> None:
     """Run the log, snapshotting through the process; answer what a worker would see."""
+    import msgspec
+
+    from epochal.actors import snapshot_process
     from epochal.actors.engine import Engine
     from epochal.actors.snapshot_process import _native_threads
     from epochal.actors.snapshots import with_log_position
-    from epochal.actors.store import Change
     from epochal.config import SnapshotConfig
+    from epochal.log.command_log import LoggedEpoch
+    from epochal.recovery.log_tables import epochs_of
     from epochal.recovery.snapshots import DeltaSnapshots
-    from epochal.schemas.commands import KeyRef, PartitionId
     from tests.unit.actors.workload import app
 
+    snapshot_process.STAGE_EPOCHS = 1  # each epoch of a part in a message of its own, ahead
     forked = _forked_snapshots(warehouse)
     forked.ensure_tables(app.code_hash())
     engine = Engine(app, 4, snapshots=True)
     digests = {}
+    archived: list[msgspec.Raw] = []
     for position, record in enumerate(_log()):
         result = asyncio.run(engine.run_epoch(record))
+        archived.append(LoggedEpoch(position, record).msgpack())
         if result.changes is not None:
-            part = forked.write(record.epoch, 0, result.changes)
+            part = forked.write(record.epoch, 0, result.changes, archived=archived,
+                                reported=engine.take_reported())  # fmt: skip
+            archived = []
             part = with_log_position(part, record, position + 1, engine.carried)
             manifest = forked.commit([part], record.epoch)
             forked.retain(manifest)
             digests[manifest.ssid] = manifest.digest
     restored = forked.restore()
     threads = _native_threads()  # delta-rs's runtime would leave its threads here
-    by_itself = DeltaSnapshots(app, SnapshotConfig(warehouse, keep=0), partitions=4).restore()
+    by_itself = DeltaSnapshots(app, SnapshotConfig(warehouse, keep=0), partitions=4)
+    read_here = by_itself.restore()
+    commands = by_itself._table(by_itself.warehouse.log("commands")).to_pyarrow_table()
+    epochs = [(r.epoch, r.txns) for r in epochs_of(commands)]
     title = process_title(forked.pid)
     niceness = (os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, forked.pid))
     scheduler = os.sched_getscheduler(forked.pid)
     os.kill(forked.pid, signal.SIGINT)  # a Ctrl-C reaches the worker's whole process group
     os.kill(forked.pid, signal.SIGTERM)
     time.sleep(0.2)
-    unknown = Change(KeyRef("NoSuchActor", 1), PartitionId(0), None, b"\x01")
-    try:
-        forked.write(99, 0, [unknown])
-        raised = ""
-    except KeyError as exc:  # the process's own exception, with where it was raised
-        raised = "".join(getattr(exc, "__notes__", []))
+    raised, told, after = _errors(forked)
     pid = forked.pid
     forked.close()
     answer.send(
@@ -93,14 +99,41 @@ def _snapshot_all(warehouse: str, answer: Connection) -> None:
             "restored": restored.manifest.ssid if restored else None,
             "actors": restored.actors if restored else None,
             "threads": threads,
-            "by_itself": by_itself.actors if by_itself else None,
+            "by_itself": read_here.actors if read_here else None,
+            "epochs": epochs,
             "title": title,
             "niceness": niceness,
             "scheduler": scheduler,
             "raised": raised,
+            "told": told,
+            "after": after,
             "closed": process_title(pid),
         }
     )
+
+
+def _errors(forked):  # type: ignore[no-untyped-def]
+    """What a worker sees of errors there: a write's own (with where it was raised), and one of
+    the epochs staged ahead of a part (that part fails with it; the lane goes on)."""
+    import msgspec
+
+    from epochal.actors.store import Change
+    from epochal.schemas.commands import KeyRef, PartitionId
+
+    unknown = Change(KeyRef("NoSuchActor", 1), PartitionId(0), None, b"\x01")
+    try:
+        forked.write(99, 0, [unknown])
+        raised = ""
+    except KeyError as exc:  # the process's own exception, with where it was raised
+        raised = "".join(getattr(exc, "__notes__", []))
+    forked._parts.connection.send_bytes(b"!\xc1")  # a staging that fails, answered by no one
+    try:
+        forked.write(100, 0, [])
+        told = ""
+    except msgspec.DecodeError as exc:  # the part it was for fails with it
+        told = "".join(getattr(exc, "__notes__", []))
+    after = forked.write(101, 0, []).ssid  # and the lane goes on
+    return raised, told, after
 
 
 def _killed_process(warehouse: str, answer: Connection) -> None:
@@ -155,6 +188,8 @@ def test_snapshots_through_the_process_equal_the_oracle_and_its_errors_come_back
     assert sorted(seen["digests"]) == [2, 5, 8, 11]
     assert all(digest == expected[ssid] for ssid, digest in seen["digests"].items())
     assert seen["restored"] == 11
+    archived = sorted(seen["epochs"])  # each part's epochs staged one by one, none lost
+    assert archived == [(r.epoch, r.txns) for r in records]
     assert seen["actors"] == seen["by_itself"] and seen["actors"]  # restored over there, whole
     assert seen["threads"] == 0  # and the worker never ran delta-rs (nor kept its threads)
     assert seen["title"] == _TITLE  # and it took no notice of SIGINT and SIGTERM
@@ -162,6 +197,7 @@ def test_snapshots_through_the_process_equal_the_oracle_and_its_errors_come_back
     assert snapshots == min(worker + NICENESS, 19)
     assert seen["scheduler"] == os.SCHED_IDLE  # only on cores nothing else wants
     assert "in the snapshot process" in seen["raised"] and "NoSuchActor" in seen["raised"]
+    assert "in the snapshot process" in seen["told"] and seen["after"] == 101
     assert seen["closed"] is None  # gone once closed, and reaped
 
 

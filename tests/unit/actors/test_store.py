@@ -107,6 +107,11 @@ def test_what_crosses_to_the_snapshot_process_makes_the_same_changes(
         store.apply(ref, P, value, epoch // 3)
     taken = store.take_changes(len(writes))
     assert isinstance(taken, ChangedSince)
+    for size in (1, 2, 5):  # sent a few epochs at a time: the same columns, in order
+        chunks = list(taken.column_chunks(size))
+        assert all(0 < len(chunk) <= size for chunk in chunks)
+        assert [c for chunk in chunks for c in chunk] == taken.columns()
+    assert [c for chunk in taken.column_chunks(2) for c in chunk] == taken.columns()  # cached
     sent = msgspec.msgpack.encode(taken.columns())
     columns = msgspec.msgpack.decode(sent, type=list[ChangeEnds])
     assert all(len(c.refs) == len(c.partitions) == len(c.before) == len(c.after) for c in columns)
