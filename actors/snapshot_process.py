@@ -14,7 +14,8 @@ The process serves three lanes, each a socket with a thread at either end: the p
 holds back the next part, and the reads of a start (``restore``, ``outbox``). Reading a
 snapshot back with delta-rs left its runtime, its threads and the pages it touched in the
 worker for good: 40 MB of a worker's RSS for an empty warehouse, 64 MB for a snapshot of a
-few actors. Here they stay in the process; the worker gets the actors' bytes, in one message.
+few actors. Here they stay in the process; the worker gets the actors' bytes, in one message
+(the process yields the cores only once the start is over: :func:`_yield_cores`).
 
 The process dies with the worker (``PR_SET_PDEATHSIG``), and leaves on its own when the worker
 closes the lanes; it ignores SIGINT and SIGTERM, which are for its worker (a Ctrl-C stops the
@@ -126,10 +127,26 @@ def _yield_cores() -> None:
     core) would otherwise take both cores for its length, and every transaction in flight would
     wait. At niceness 10 it still preempted them: two workers at 18,000 transfers/s had a p99
     of 180-360 ms, against 130-275 ms in the idle class. Under a sustained overload its
-    snapshots lag (``epochal_snapshot_lag_epochs``) until its worker waits for it."""
-    os.nice(NICENESS)
-    if hasattr(os, "SCHED_IDLE"):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    snapshots lag (``epochal_snapshot_lag_epochs``) until its worker waits for it.
+
+    Done once the worker hands over its first part, not before: until then the process only
+    serves its worker's start (the snapshot read back, the tables checked), which the worker
+    waits for; in the idle class, on cores busy with other work, a start waited with it. Every
+    thread already running (delta-rs's, Arrow's, started by those reads) yields too."""
+    for tid in _threads():
+        with contextlib.suppress(OSError):  # a thread that just ended
+            nice = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(nice + NICENESS, 19))
+            if hasattr(os, "SCHED_IDLE"):
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+
+
+def _threads() -> list[int]:
+    """This process's threads, by id (only the calling one where ``/proc`` cannot tell)."""
+    try:
+        return [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
 
 
 def snapshots_beside(snapshots: Snapshots, title: str, app: App) -> Snapshots:
@@ -289,12 +306,12 @@ def _serve(snapshots: Snapshots, lanes: list[Connection], parent: int, title: st
     code = 0
     try:
         die_with_parent(parent)
-        _yield_cores()  # before any thread starts: each inherits it
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         set_title(title)
+        yielded = threading.Event()  # one lane yields the cores for all, once
         threads = [
-            threading.Thread(target=_answer, args=(snapshots, lane), name=f"lane-{i}")
+            threading.Thread(target=_answer, args=(snapshots, lane, yielded), name=f"lane-{i}")
             for i, lane in enumerate(lanes)
         ]
         for thread in threads:
@@ -323,7 +340,7 @@ class _Staged:
         return taken
 
 
-def _answer(snapshots: Snapshots, lane: Connection) -> None:
+def _answer(snapshots: Snapshots, lane: Connection, yielded: threading.Event) -> None:
     decoder = msgspec.msgpack.Decoder(_Call)
     encoder = msgspec.msgpack.Encoder()
     staged = _Staged()
@@ -335,6 +352,9 @@ def _answer(snapshots: Snapshots, lane: Connection) -> None:
         call: _Call | None = None
         try:
             call = decoder.decode(memoryview(message)[1:])
+            if isinstance(call, _Stage | _Write) and not yielded.is_set():  # the start is over
+                yielded.set()
+                _yield_cores()
             if isinstance(call, _Write) and staged.failed is not None:  # what it needs is not in
                 staged.take()
                 answer, staged.failed = staged.failed, None

@@ -64,6 +64,7 @@ def _snapshot_all(warehouse: str, answer: Connection) -> None:
     snapshot_process.STAGE_EPOCHS = 1  # each epoch of a part in a message of its own, ahead
     forked = _forked_snapshots(warehouse)
     forked.ensure_tables(app.code_hash())
+    at_start = _schedulers(forked.pid)  # a start waits on it: not in the idle class yet
     engine = Engine(app, 4, snapshots=True)
     digests = {}
     archived: list[msgspec.Raw] = []
@@ -86,7 +87,7 @@ def _snapshot_all(warehouse: str, answer: Connection) -> None:
     epochs = [(r.epoch, r.txns) for r in epochs_of(commands)]
     title = process_title(forked.pid)
     niceness = (os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, forked.pid))
-    scheduler = os.sched_getscheduler(forked.pid)
+    scheduler = _schedulers(forked.pid)  # each of its threads, delta-rs's too
     os.kill(forked.pid, signal.SIGINT)  # a Ctrl-C reaches the worker's whole process group
     os.kill(forked.pid, signal.SIGTERM)
     time.sleep(0.2)
@@ -104,12 +105,22 @@ def _snapshot_all(warehouse: str, answer: Connection) -> None:
             "title": title,
             "niceness": niceness,
             "scheduler": scheduler,
+            "at_start": at_start,
             "raised": raised,
             "told": told,
             "after": after,
             "closed": process_title(pid),
         }
     )
+
+
+def _schedulers(pid: int) -> set[int]:
+    """The scheduling policies of ``pid``'s threads."""
+    policies = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            policies.add(os.sched_getscheduler(int(tid)))
+    return policies
 
 
 def _errors(forked):  # type: ignore[no-untyped-def]
@@ -195,7 +206,8 @@ def test_snapshots_through_the_process_equal_the_oracle_and_its_errors_come_back
     assert seen["title"] == _TITLE  # and it took no notice of SIGINT and SIGTERM
     worker, snapshots = seen["niceness"]  # it yields the cores to the epoch loops
     assert snapshots == min(worker + NICENESS, 19)
-    assert seen["scheduler"] == os.SCHED_IDLE  # only on cores nothing else wants
+    assert seen["at_start"] == {os.SCHED_OTHER}  # its worker's start is waited for
+    assert seen["scheduler"] == {os.SCHED_IDLE}  # then only on cores nothing else wants
     assert "in the snapshot process" in seen["raised"] and "NoSuchActor" in seen["raised"]
     assert "in the snapshot process" in seen["told"] and seen["after"] == 101
     assert seen["closed"] is None  # gone once closed, and reaped
