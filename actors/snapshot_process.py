@@ -64,18 +64,18 @@ class _Stage(msgspec.Struct, tag="stage", frozen=True):
 
 
 class _Write(msgspec.Struct, tag="write", frozen=True):
-    """A part to write. The changes come as they were handed over: a :class:`ChangedSince`'s
-    writes of each epoch (merging them, comparing each actor's first and last value, happens
-    there), after those staged, or, from any other sequence, the changes themselves."""
+    """A part to write, its epochs' msgpack staged ahead of it. The changes come as they were
+    handed over: a :class:`ChangedSince`'s writes of each epoch, staged too (``staged``:
+    merging them, comparing each actor's first and last value, happens there), or, from any
+    other sequence, the changes themselves."""
 
     ssid: int
     worker: int
-    epochs: list[ChangeEnds] | None
+    staged: bool
     changes: list[Change]
     commands: list[EpochRecord]
     outbox: list[OutboxRow]
     reported: list[Reported]
-    archived: list[msgspec.Raw]  # each epoch's msgpack, decoded where the rows are built
 
 
 class _EnsureTables(msgspec.Struct, tag="ensure_tables", frozen=True):
@@ -218,27 +218,16 @@ class ForkedSnapshots:
         reported: Sequence[Reported] = (),
         archived: Sequence[msgspec.Raw] = (),
     ) -> SnapshotPart:
-        epochs: list[ChangeEnds] | None = None
         listed: list[Change] = []
         if isinstance(changes, ChangedSince):  # each epoch's writes: merged over there
-            epochs = []
             for chunk in changes.column_chunks(STAGE_EPOCHS):
                 self._parts.tell(_Stage(chunk, []))
         else:
             listed = list(changes)
         for start in range(0, len(archived), STAGE_EPOCHS):
             self._parts.tell(_Stage([], list(archived[start : start + STAGE_EPOCHS])))
-        archived = ()
-        call = _Write(
-            ssid,
-            worker,
-            epochs,
-            listed,
-            list(commands),
-            list(outbox),
-            list(reported),
-            list(archived),
-        )
+        staged = isinstance(changes, ChangedSince)
+        call = _Write(ssid, worker, staged, listed, list(commands), list(outbox), list(reported))
         return self._parts.call(call, SnapshotPart)
 
     def commit(self, parts: Sequence[SnapshotPart], epoch: int) -> Manifest:
@@ -385,8 +374,8 @@ def _run(snapshots: Snapshots, call: _Call, staged: _Staged) -> Any:
         case _Write():
             epochs, archived = staged.take()
             changes: Sequence[Change] = call.changes
-            if call.epochs is not None:
-                changes = ChangedSince.of_columns(epochs + call.epochs)
+            if call.staged:
+                changes = ChangedSince.of_columns(epochs)
             return snapshots.write(
                 call.ssid,
                 call.worker,
@@ -394,7 +383,7 @@ def _run(snapshots: Snapshots, call: _Call, staged: _Staged) -> Any:
                 commands=call.commands,
                 outbox=call.outbox,
                 reported=call.reported,
-                archived=archived + call.archived,
+                archived=archived,
             )
         case _EnsureTables():
             return snapshots.ensure_tables(call.code_hash)
