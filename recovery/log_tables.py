@@ -35,6 +35,7 @@ from epochal.schemas.commands import CommandTxn, EpochRecord, KeyRef, Origin
 from epochal.schemas.snapshots import OutboxRow, Outcomes
 
 __all__ = [
+    "COMMANDS_DISTINCT",
     "COMMANDS_SCHEMA",
     "OUTBOX_SCHEMA",
     "commands_table",
@@ -71,6 +72,11 @@ COMMANDS_SCHEMA = pa.schema([
 """``committed``/``reason`` (added later: null in rows archived before) are null only on the
 ``seq`` -1 row of an epoch without logged transactions; ``parent_epoch``/``parent_seq`` are the
 timestamp of the transaction that emitted an interior one (null for logged ones)."""
+
+COMMANDS_DISTINCT = frozenset({"seq", "event_json", "keys", "source_offset", "request_id", "txn"})
+"""The ``commands`` columns whose values seldom repeat: their Parquet is not dictionary-encoded
+(a dictionary built for a column of distinct values, then given up, was a sixth of writing a
+part's rows, for no smaller file)."""
 
 _OUTCOMES_SCHEMA = pa.schema([
     pa.field("epoch", pa.int64()),
@@ -168,7 +174,6 @@ def _logged_rows(
     listed: dict[str, list[Any]] = {
         "seq": [*map(_SEQ, commands), *[-1] * len(none)],
         "handler": [*map(_HANDLER, commands), *[""] * len(none)],
-        "event_json": _EventJson(app).many(events) + none,
         "origin": [*map(_ORIGINS.__getitem__, map(_ORIGIN, commands)), *[""] * len(none)],
         "source_topic": [s.topic if s else None for s in sources] + none,
         "source_partition": [s.partition if s else None for s in sources] + none,
@@ -181,6 +186,9 @@ def _logged_rows(
         listed["reason"] = outcomes[1] + none
     columns = {name: pa.array(v, COMMANDS_SCHEMA.field(name).type) for name, v in listed.items()}
     columns["ssid"] = pa.array(itertools.repeat(ssid, rows), pa.int64(), size=rows)
+    columns["event_json"] = pa.concat_arrays(
+        [_EventJson(app).many(events), pa.nulls(len(none), pa.string())]
+    )
     columns["keys"] = _key_lists(commands, rows)
     records = [record for record, _ in logged] + list(empty)
     columns.update(_per_epoch(records, [*(len(txns) for _, txns in logged), *[1] * len(empty)]))
@@ -255,33 +263,32 @@ class _EventJson:
         except (msgspec.DecodeError, TypeError, ValueError):
             return None
 
-    def many(self, events: Sequence[tuple[str, bytes]]) -> list[bytes | None]:
-        """:meth:`__call__` of each ``(handler, event)``, as UTF-8 bytes: every event decoded
-        in one call and encoded as JSON lines in one more. The events are one msgpack array,
-        each followed by a boundary mark: an event that is not exactly one msgpack value (no
-        value, or several) moves a mark out of its place, and the batch is done one by one,
-        as is one that does not decode or encode."""
-        out: list[bytes | None] = [None] * len(events)
+    def many(self, events: Sequence[tuple[str, bytes]]) -> pa.Array:
+        """:meth:`__call__` of each ``(handler, event)``, as a string column: every event decoded
+        in one call, encoded as JSON lines in one more, and cut into the column at its line
+        ends by Arrow (a JSON line holds no line end: no bytes object per row). The events are
+        one msgpack array, each followed by a boundary mark: an event that is not exactly one
+        msgpack value (no value, or several) moves a mark out of its place, and the batch is
+        done one by one, as is one that does not decode or encode, or a handler gone."""
         handlers = self.app.handlers
-        rows = [i for i, (handler, _) in enumerate(events) if handler in handlers]
-        joined = _BOUNDARY.join([events[i][1] for i in rows])
-        array = array_header(2 * len(rows)) + joined + _BOUNDARY
-        lines: list[bytes | None] = []
-        try:
-            values = _plain(array)
-            if values[1::2].count(_BOUNDARY_MARK) == len(rows):
-                lines = list(_json_lines(values[0::2]).split(b"\n")[:-1])
-        except (msgspec.DecodeError, TypeError, ValueError):
-            pass
-        if len(lines) != len(rows):
-            lines = [_utf8(self(*events[i])) for i in rows]
-        for i, line in zip(rows, lines, strict=True):
-            out[i] = line
-        return out
+        if all(handler in handlers for handler, _ in events):
+            joined = _BOUNDARY.join([event for _, event in events])
+            array = array_header(2 * len(events)) + joined + _BOUNDARY
+            try:
+                values = _plain(array)
+                if values[1::2].count(_BOUNDARY_MARK) == len(events):
+                    column = _lines(_json_lines(values[0::2]))
+                    if len(column) == len(events):
+                        return column
+            except (msgspec.DecodeError, TypeError, ValueError, pa.ArrowInvalid):
+                pass
+        return pa.array([self(handler, event) for handler, event in events], pa.string())
 
 
-def _utf8(text: str | None) -> bytes | None:
-    return None if text is None else text.encode()
+def _lines(text: bytes) -> pa.Array:
+    """The lines of ``text`` (each ended by a line end) as a string column."""
+    lines = pc.split_pattern(pa.array([text], pa.string()), "\n").flatten()
+    return lines.slice(0, len(lines) - 1)  # the empty text after the last line end
 
 
 _json_encode = msgspec.json.Encoder().encode

@@ -50,6 +50,7 @@ from epochal.config import SnapshotConfig
 from epochal.errors import RecoveryError
 from epochal.log.client import KafkaClients
 from epochal.recovery.log_tables import (
+    COMMANDS_DISTINCT,
     COMMANDS_SCHEMA,
     OUTBOX_SCHEMA,
     commands_table,
@@ -390,16 +391,26 @@ class DeltaSnapshots:
         return ChangeFile(actor_type, name, size, table.num_rows)
 
     def _write_log(self, log_table: str, table: pa.Table, worker: int) -> LogFile:
-        name, size = self._write_parquet(self.warehouse.log(log_table), table, worker)
+        distinct = COMMANDS_DISTINCT if log_table == "commands" else frozenset()
+        root = self.warehouse.log(log_table)
+        name, size = self._write_parquet(root, table, worker, distinct=distinct)
         return LogFile(log_table, name, size, table.num_rows)
 
     def _write_parquet(
-        self, root: str, table: pa.Table, worker: int, name: str = ""
+        self,
+        root: str,
+        table: pa.Table,
+        worker: int,
+        name: str = "",
+        distinct: frozenset[str] = frozenset(),
     ) -> tuple[str, int]:
+        """Write ``table`` as one Parquet file, its ``distinct`` columns (values that seldom
+        repeat) without a dictionary; its name and size."""
         name = name or f"part-w{worker}-{uuid.uuid4().hex}.parquet"
         filesystem, path = self.warehouse.files(root)
         filesystem.create_dir(path, recursive=True)
-        pq.write_table(table, f"{path}/{name}", filesystem=filesystem)
+        repeated = [c for c in table.column_names if c not in distinct]
+        pq.write_table(table, f"{path}/{name}", filesystem=filesystem, use_dictionary=repeated)
         return name, int(filesystem.get_file_info(f"{path}/{name}").size)
 
     # --- the committer -------------------------------------------------------------------
@@ -497,7 +508,7 @@ class DeltaSnapshots:
                     logger.warning("archived transactions without an outcome ssid=%d rows=%d "
                                    "file=%s", ssid, missing, file.path)  # fmt: skip
                 name = file.path.removesuffix(".parquet") + "-outcomes.parquet"
-                _, size = self._write_parquet(root, table, part.worker, name)
+                _, size = self._write_parquet(root, table, part.worker, name, COMMANDS_DISTINCT)
                 joined[file.path] = LogFile("commands", name, size, table.num_rows)
         return joined
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import msgspec
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
@@ -171,6 +172,13 @@ def test_the_archive_holds_every_transaction_with_the_oracles_outcome(
     table = DeltaTable(snapshots.warehouse.log("commands"))
     on_disk = {p.name for p in Path(snapshots.warehouse.log("commands")).glob("*.parquet")}
     assert on_disk == {Path(uri).name for uri in table.file_uris()}
+    # columns of distinct values are not dictionary-encoded, repeated ones are (joined too)
+    for uri in table.file_uris():
+        group = pq.ParquetFile(uri).metadata.row_group(0)
+        columns = [group.column(i) for i in range(group.num_columns)]
+        dictionary = {c.path_in_schema for c in columns if "RLE_DICTIONARY" in c.encodings}
+        assert {"handler", "origin", "code_hash"} <= dictionary, uri
+        assert not {"event_json", "txn", "request_id"} & dictionary, uri
 
 
 def test_an_archive_from_before_outcomes_gains_the_columns(

@@ -8,7 +8,6 @@ import enum
 import json
 
 import msgspec
-import pyarrow as pa
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -37,7 +36,7 @@ def test_event_json_in_batches_is_the_event_json_of_each(events: list[tuple[str,
     as_json = _EventJson(app)
     one_by_one = [as_json(handler, event) for handler, event in events]
     batched = as_json.many(events)
-    assert pa.array(batched, pa.string()).to_pylist() == one_by_one
+    assert batched.to_pylist() == one_by_one
     for text in one_by_one:
         if text is not None:
             json.loads(text)
@@ -149,6 +148,4 @@ def test_event_json_is_the_json_of_the_typed_event(events: list[_Rich]) -> None:
     typed = [msgspec.json.encode(msgspec.msgpack.decode(b, type=_Rich)).decode() for b in logged]
     as_json = _EventJson(_rich_app)
     assert [as_json("<lambda>", b) for b in logged] == typed
-    assert (
-        pa.array(as_json.many([("<lambda>", b) for b in logged]), pa.string()).to_pylist() == typed
-    )
+    assert as_json.many([("<lambda>", b) for b in logged]).to_pylist() == typed
