@@ -186,8 +186,9 @@ def _logged_rows(
         listed["reason"] = outcomes[1] + none
     columns = {name: pa.array(v, COMMANDS_SCHEMA.field(name).type) for name, v in listed.items()}
     columns["ssid"] = pa.array(itertools.repeat(ssid, rows), pa.int64(), size=rows)
-    columns["event_json"] = pa.concat_arrays(
-        [_EventJson(app).many(events), pa.nulls(len(none), pa.string())]
+    event_json = _EventJson(app).many(events)
+    columns["event_json"] = pa.chunked_array(
+        [*_chunks(event_json), pa.nulls(len(none), pa.string())], pa.string()
     )
     columns["keys"] = _key_lists(commands, rows)
     records = [record for record, _ in logged] + list(empty)
@@ -263,7 +264,7 @@ class _EventJson:
         except (msgspec.DecodeError, TypeError, ValueError):
             return None
 
-    def many(self, events: Sequence[tuple[str, bytes]]) -> pa.Array:
+    def many(self, events: Sequence[tuple[str, bytes]]) -> pa.Array | pa.ChunkedArray:
         """:meth:`__call__` of each ``(handler, event)``, as a string column: every event decoded
         in one call, encoded as JSON lines in one more, and cut into the column at its line
         ends by Arrow (a JSON line holds no line end: no bytes object per row). The events are
@@ -277,12 +278,22 @@ class _EventJson:
             try:
                 values = _plain(array)
                 if values[1::2].count(_BOUNDARY_MARK) == len(events):
-                    column = _lines(_json_lines(values[0::2]))
-                    if len(column) == len(events):
+                    text = _json_lines(values[0::2])
+                    column = _lines(text) if len(text) <= _MAX_STRING_BYTES else None
+                    if column is not None and len(column) == len(events):
                         return column
             except (msgspec.DecodeError, TypeError, ValueError, pa.ArrowInvalid):
                 pass
         return pa.array([self(handler, event) for handler, event in events], pa.string())
+
+
+_MAX_STRING_BYTES = 2**31 - 1
+"""The most bytes one Arrow string holds (32-bit offsets): longer JSON lines (events of some
+hundreds of KB each) go one by one, into as many chunks as Arrow needs."""
+
+
+def _chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
+    return column.chunks if isinstance(column, pa.ChunkedArray) else [column]
 
 
 def _lines(text: bytes) -> pa.Array:

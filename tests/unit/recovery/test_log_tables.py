@@ -8,11 +8,14 @@ import enum
 import json
 
 import msgspec
+import pyarrow as pa
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from epochal.actors.api import App
 from epochal.actors.snapshots import Reported
+from epochal.recovery import log_tables
 from epochal.recovery.log_tables import _EventJson, reported_commands_table
 from epochal.schemas.commands import CommandTxn, EpochRecord, InputPosition, KeyRef, Origin
 from tests.unit.actors.workload import Deposit, Transfer, app
@@ -149,3 +152,30 @@ def test_event_json_is_the_json_of_the_typed_event(events: list[_Rich]) -> None:
     as_json = _EventJson(_rich_app)
     assert [as_json("<lambda>", b) for b in logged] == typed
     assert as_json.many([("<lambda>", b) for b in logged]).to_pylist() == typed
+
+
+def test_event_json_past_one_arrow_string_goes_one_by_one_in_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """JSON lines longer than one Arrow string holds (2 GB: events of some hundreds of KB in a
+    batch) are made one by one, and a column Arrow cut into chunks makes the same rows."""
+    events = [Deposit(n, n + 1) for n in range(7)]
+    logged = [msgspec.msgpack.encode(e) for e in events]
+    txns = tuple(CommandTxn(seq, "deposit", data, ()) for seq, data in enumerate(logged))
+    records = [EpochRecord(0, 1_000, 1, "h0", txns)]
+    reported = [Reported(0, 1_000, 1, "h0", list(range(7)), {}, {})]
+    whole = reported_commands_table(app, 3, records, reported, True)
+    monkeypatch.setattr(log_tables, "_MAX_STRING_BYTES", 40)
+    monkeypatch.setattr(log_tables, "_lines", lambda text: pytest.fail("one string past the most"))
+    as_json = _EventJson(app)
+    pairs = [("deposit", data) for data in logged]
+    assert as_json.many(pairs).to_pylist() == [as_json(h, e) for h, e in pairs]
+    assert reported_commands_table(app, 3, records, reported, True).equals(whole)
+    many = _EventJson.many
+
+    def in_chunks(self: _EventJson, pairs: list[tuple[str, bytes]]) -> pa.ChunkedArray:
+        column = many(self, pairs)
+        return pa.chunked_array([column.slice(0, 3), column.slice(3)])
+
+    monkeypatch.setattr(_EventJson, "many", in_chunks)
+    assert reported_commands_table(app, 3, records, reported, True).equals(whole)
