@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import array
 import bisect
 import itertools
 import operator
@@ -38,6 +39,8 @@ __all__ = [
     "COMMANDS_DISTINCT",
     "COMMANDS_SCHEMA",
     "OUTBOX_SCHEMA",
+    "ArchivedEpoch",
+    "archived_epoch",
     "commands_table",
     "epochs_of",
     "interior_table",
@@ -113,8 +116,29 @@ def commands_table(app: App, ssid: int, records: Sequence[EpochRecord]) -> pa.Ta
     return _logged_rows(app, ssid, rows, [r for r in records if not r.txns], None)
 
 
+class ArchivedEpoch(msgspec.Struct):
+    """An epoch's msgpack as the log holds it, read for the archive: the fields its rows take,
+    each transaction left as its bytes (a worker decodes only those it reported, and they are
+    the ``txn`` column as they are)."""
+
+    epoch: int
+    now_ms: int
+    seed: int
+    code_hash: str
+    txns: list[msgspec.Raw] = []
+
+
+def archived_epoch(data: bytes | msgspec.Raw) -> ArchivedEpoch:
+    """:class:`ArchivedEpoch` of an :class:`EpochRecord`'s msgpack."""
+    return _ARCHIVED.decode(data)
+
+
+_ARCHIVED = msgspec.msgpack.Decoder(ArchivedEpoch)
+_TXNS = msgspec.msgpack.Decoder(list[CommandTxn])
+
+
 def reported_commands_table(
-    app: App, ssid: int, records: Sequence[EpochRecord], reported: Sequence[Reported],
+    app: App, ssid: int, records: Sequence[ArchivedEpoch], reported: Sequence[Reported],
     empty_epochs: bool,
 ) -> pa.Table:  # fmt: skip
     """The rows of :func:`commands_table` of the logged transactions one worker reported (each
@@ -122,20 +146,21 @@ def reported_commands_table(
     epochs without logged transactions come from one worker only (``empty_epochs``).
 
     Taken an epoch at a time: a report's seqs are in order (interior ones, below 0, first),
-    every transaction commits but the few it names aborted, and a worker that reports all of
-    an epoch's logged transactions (the only one, say) gives their tuple as it is."""
+    every transaction commits but the few it names aborted, and only the transactions it
+    names are decoded (in one call), their ``txn`` the bytes the log holds."""
     by_epoch = {r.epoch: r for r in reported}
     rows: list[_Rows] = []
     committed: list[bool] = []
     reasons: list[str] = []
     for record in records:
         report = by_epoch.get(record.epoch)
-        if report is None:
+        if report is None or not record.txns:
             continue
         seqs = report.seqs[bisect.bisect_left(report.seqs, 0) :]
         logged = record.txns
-        rows.append(_Rows(record, logged if len(seqs) == len(logged) else
-                          [logged[seq] for seq in seqs]))  # fmt: skip
+        mine = logged if len(seqs) == len(logged) else [logged[seq] for seq in seqs]
+        data = array_header(len(mine)) + b"".join(mine)
+        rows.append(_Rows(record, _TXNS.decode(data), _binary(data, mine)))
         first = len(committed)
         committed += [True] * len(seqs)
         reasons += [""] * len(seqs)
@@ -147,18 +172,33 @@ def reported_commands_table(
     return _logged_rows(app, ssid, rows, empty, (committed, reasons))
 
 
-class _Rows(NamedTuple):
-    """The logged transactions of one epoch that get rows."""
+def _binary(data: bytes, values: Sequence[msgspec.Raw]) -> pa.Array | pa.ChunkedArray:
+    """``values`` as a binary column, read in place from ``data``, an array header followed by
+    them, when one Arrow array can hold it."""
+    if len(data) > _MAX_STRING_BYTES:
+        return pa.array(list(map(bytes, values)), pa.binary())
+    ends = array.array("i", itertools.accumulate(map(len, values), initial=_ARRAY_HEADER_BYTES))
+    buffers = [None, pa.py_buffer(ends), pa.py_buffer(data)]
+    return pa.Array.from_buffers(pa.binary(), len(values), buffers)
 
-    record: EpochRecord
+
+_ARRAY_HEADER_BYTES = len(array_header(0))
+
+
+class _Rows(NamedTuple):
+    """The logged transactions of one epoch that get rows, and their bytes as the log holds
+    them (None: encoded again)."""
+
+    record: EpochRecord | ArchivedEpoch
     txns: Sequence[CommandTxn]
+    logged: pa.Array | pa.ChunkedArray | None = None
 
 
 def _logged_rows(
     app: App,
     ssid: int,
     logged: Sequence[_Rows],
-    empty: Sequence[EpochRecord],
+    empty: Sequence[EpochRecord | ArchivedEpoch],
     outcomes: tuple[list[bool], list[str]] | None,
 ) -> pa.Table:
     """Rows of logged transactions, and one per epoch in ``empty``, with ``outcomes`` (else
@@ -166,7 +206,7 @@ def _logged_rows(
     a small machine, the cores) with the epoch loop: a row costs a few list items, no dict;
     what an epoch fixes (time, seed, code hash) is taken per epoch and repeated by Arrow, and
     the keys are one flat column cut into lists."""
-    commands = list(itertools.chain.from_iterable(txns for _, txns in logged))
+    commands = list(itertools.chain.from_iterable(part.txns for part in logged))
     rows = len(commands) + len(empty)
     none: list[None] = [None] * len(empty)
     sources = list(map(_SOURCE, commands))
@@ -179,7 +219,6 @@ def _logged_rows(
         "source_partition": [s.partition if s else None for s in sources] + none,
         "source_offset": [s.offset if s else None for s in sources] + none,
         "request_id": [t.request_id or None for t in commands] + none,
-        "txn": [*map(encode_canonical, commands), *none],
     }
     if outcomes is not None:
         listed["committed"] = outcomes[0] + none
@@ -190,14 +229,29 @@ def _logged_rows(
     columns["event_json"] = pa.chunked_array(
         [*_chunks(event_json), pa.nulls(len(none), pa.string())], pa.string()
     )
+    columns["txn"] = pa.chunked_array(
+        [*_logged_bytes(logged), pa.nulls(len(none), pa.binary())], pa.binary()
+    )
     columns["keys"] = _key_lists(commands, rows)
-    records = [record for record, _ in logged] + list(empty)
-    columns.update(_per_epoch(records, [*(len(txns) for _, txns in logged), *[1] * len(empty)]))
+    records = [part.record for part in logged] + list(empty)
+    counts = [*(len(part.txns) for part in logged), *[1] * len(empty)]
+    columns.update(_per_epoch(records, counts))
     return pa.table(
         [columns[f.name] if f.name in columns else pa.nulls(rows, f.type)
          for f in COMMANDS_SCHEMA],
         schema=COMMANDS_SCHEMA,
     )  # fmt: skip
+
+
+def _logged_bytes(logged: Sequence[_Rows]) -> list[pa.Array]:
+    """The ``txn`` column's chunks: each transaction's bytes as the log holds them."""
+    chunks: list[pa.Array] = []
+    for part in logged:
+        column = part.logged
+        if column is None:
+            column = pa.array(list(map(encode_canonical, part.txns)), pa.binary())
+        chunks += _chunks(column)
+    return chunks
 
 
 _SEQ = operator.attrgetter("seq")
@@ -210,7 +264,9 @@ _KEY = operator.attrgetter("key")
 _ACTOR_TYPE = operator.attrgetter("actor_type")
 
 
-def _per_epoch(records: Sequence[EpochRecord], counts: Iterable[int]) -> dict[str, pa.Array]:
+def _per_epoch(
+    records: Sequence[EpochRecord | ArchivedEpoch], counts: Iterable[int]
+) -> dict[str, pa.Array]:
     """The columns an epoch fixes, for rows that come ``counts[i]`` in a row for ``records[i]``:
     each epoch's values once, repeated by Arrow."""
     repeats = itertools.chain.from_iterable(map(itertools.repeat, itertools.count(), counts))

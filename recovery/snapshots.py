@@ -53,6 +53,8 @@ from epochal.recovery.log_tables import (
     COMMANDS_DISTINCT,
     COMMANDS_SCHEMA,
     OUTBOX_SCHEMA,
+    ArchivedEpoch,
+    archived_epoch,
     commands_table,
     epochs_of,
     interior_table,
@@ -107,7 +109,6 @@ _MANIFEST_SCHEMA = pa.schema([
 _by_ssid = operator.attrgetter("ssid")
 _LOG_TABLES = {"commands": COMMANDS_SCHEMA, "outbox": OUTBOX_SCHEMA}
 _CHECKPOINT_EVERY = 20
-_EPOCH_RECORD = msgspec.msgpack.Decoder(EpochRecord)  # archived epochs: msgpack, as logged
 _ARCHIVE_BATCH_TXNS = 10_000
 """Archived epochs are decoded and turned into rows this many transactions at a time."""
 
@@ -374,10 +375,10 @@ class DeltaSnapshots:
             reported_commands_table, self.app, ssid, reported=reported, empty_epochs=empty_epochs
         )
         tables: list[pa.Table] = []
-        batch: list[EpochRecord] = []
+        batch: list[ArchivedEpoch] = []
         size = 0
         for raw in archived:  # a batch becomes rows before the next is decoded
-            batch.append(_EPOCH_RECORD.decode(raw))
+            batch.append(archived_epoch(raw))
             size += len(batch[-1].txns)
             if size >= _ARCHIVE_BATCH_TXNS:
                 tables.append(rows(batch))

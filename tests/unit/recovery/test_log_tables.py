@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from epochal.actors.api import App
 from epochal.actors.snapshots import Reported
 from epochal.recovery import log_tables
-from epochal.recovery.log_tables import _EventJson, reported_commands_table
+from epochal.recovery.log_tables import _EventJson, archived_epoch, reported_commands_table
 from epochal.schemas.commands import CommandTxn, EpochRecord, InputPosition, KeyRef, Origin
 from tests.unit.actors.workload import Deposit, Transfer, app
 
@@ -86,7 +86,8 @@ def test_archive_rows_are_the_transactions_as_logged(
                  {seq: f"no {seq}" for seq in [-1, *mine[r.epoch]] if seq % 2}, {})
         for r in records if r.epoch in mine
     ]  # fmt: skip
-    table = reported_commands_table(app, 7, records, reported, empty_epochs)
+    archived = [archived_epoch(msgspec.msgpack.encode(r)) for r in records]
+    table = reported_commands_table(app, 7, archived, reported, empty_epochs)
     table.validate(full=True)
     as_json = _EventJson(app)
     expected = [
@@ -162,7 +163,7 @@ def test_event_json_past_one_arrow_string_goes_one_by_one_in_chunks(
     events = [Deposit(n, n + 1) for n in range(7)]
     logged = [msgspec.msgpack.encode(e) for e in events]
     txns = tuple(CommandTxn(seq, "deposit", data, ()) for seq, data in enumerate(logged))
-    records = [EpochRecord(0, 1_000, 1, "h0", txns)]
+    records = [archived_epoch(msgspec.msgpack.encode(EpochRecord(0, 1_000, 1, "h0", txns)))]
     reported = [Reported(0, 1_000, 1, "h0", list(range(7)), {}, {})]
     whole = reported_commands_table(app, 3, records, reported, True)
     monkeypatch.setattr(log_tables, "_MAX_STRING_BYTES", 40)
