@@ -410,7 +410,7 @@ class DeltaSnapshots:
         name = name or f"part-w{worker}-{uuid.uuid4().hex}.parquet"
         filesystem, path = self.warehouse.files(root)
         filesystem.create_dir(path, recursive=True)
-        repeated = [c for c in table.column_names if c not in distinct]
+        repeated = [c for c in table.column_names if c not in distinct] if distinct else True
         pq.write_table(table, f"{path}/{name}", filesystem=filesystem, use_dictionary=repeated)
         return name, int(filesystem.get_file_info(f"{path}/{name}").size)
 
