@@ -344,8 +344,9 @@ class _EventJson:
 
 
 _MAX_STRING_BYTES = 2**31 - 1
-"""The most bytes one Arrow string holds (32-bit offsets): longer JSON lines (events of some
-hundreds of KB each) go one by one, into as many chunks as Arrow needs."""
+"""The most bytes one Arrow string or binary array holds (32-bit offsets): longer JSON lines,
+or an epoch's transactions, past it (events of some hundreds of KB each) go one by one, into as
+many chunks as Arrow needs."""
 
 
 def _chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
