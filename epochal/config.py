@@ -288,10 +288,12 @@ class SnapshotConfig:
     :func:`resolve_warehouse` gives it (a path made absolute); each app's tables live under
     ``<warehouse>/<app>/``. ``storage_options`` pass to delta-rs (object-store
     credentials; redacted in ``repr``). The newest ``keep`` snapshots are kept, and any younger
-    than ``keep_ms`` (0: no age rule); the command log and input topics are kept back to the
-    oldest one kept and trimmed before it (``keep_inputs``: leave the input topics to their own
-    retention, for other consumers). ``keep`` 0 keeps every snapshot and the whole logs. When
-    snapshots are taken is the sequencer's (:class:`SequencerConfig`).
+    than ``keep_ms`` (0: no age rule); older ones are expired in batches of ``keep // 2`` (at
+    least one), so up to ``keep + keep // 2`` are there at a time. The command log and input
+    topics are kept back to the oldest one kept and trimmed before it (``keep_inputs``: leave
+    the input topics to their own retention, for other consumers). ``keep`` 0 keeps every
+    snapshot and the whole logs. When snapshots are taken is the sequencer's
+    (:class:`SequencerConfig`).
 
     >>> SnapshotConfig("/tmp/w").keep
     10

@@ -9,17 +9,20 @@ import asyncio
 import itertools
 import logging
 import random
+import uuid
 from pathlib import Path
 
 import msgspec
 import pytest
 from pyspark.sql import SparkSession
 
+from epochal.actors.api import named
 from epochal.actors.digest import state_digest
 from epochal.actors.engine import Engine, EpochResult
 from epochal.actors.oracle import SerialOracle
 from epochal.actors.snapshots import carried_of, with_log_position
 from epochal.config import SnapshotConfig
+from epochal.log.client import KafkaClients
 from epochal.recovery.log_tables import epochs_of
 from epochal.recovery.snapshots import _CHECKPOINT_EVERY, DeltaSnapshots
 from epochal.schemas.canonical import decode_canonical
@@ -219,6 +222,48 @@ def test_snapshots_past_expiry_add_one_state_version_each_and_restore_nothing(
     assert f"putting back a table an unfinished snapshot moved on table={state_dir}" in caplog.text
     assert manifest.state_versions["Account"] == kept[-1].state_versions["Account"] + 3
     assert snapshots.restore().manifest == manifest  # type: ignore[union-attr]
+
+
+def test_a_running_cluster_expires_snapshots_in_batches_and_trims_the_log_to_the_oldest_kept(
+    tmp_path: Path, kafka: KafkaClients
+) -> None:
+    """With ``keep`` 4, a committer lets a batch of two snapshots past the newest four gather
+    before it expires them together (an expiry costs about as much for one as for several): 4
+    to 5 are kept. After each commit the command log starts exactly at the oldest snapshot
+    kept, and every kept snapshot reads back as the oracle wrote it."""
+    bank = named(app, f"exp{uuid.uuid4().hex[:8]}")
+    records = _log(epochs=33)  # a snapshot every third epoch: 11
+    kafka.create_topics([bank.topics.command_log])
+    producer = kafka.producer()
+    for record in records:  # one Kafka record per epoch: a snapshot's position is an offset
+        producer.produce(bank.topics.command_log, msgspec.msgpack.encode(record.epoch))
+    producer.flush(30)
+    config = SnapshotConfig(str(tmp_path / "warehouse"), keep=4)
+    snapshots = DeltaSnapshots(bank, config, partitions=4, clients=kafka)
+    snapshots.ensure_tables(app.code_hash())
+    oracle, expected = SerialOracle(app), {}
+    for record in records:
+        oracle.run_epoch(record)
+        expected[record.epoch] = dict(oracle.state)
+    engine = Engine(app, 4, snapshots=True)
+    counts = []
+    for position, record in enumerate(records):
+        result = asyncio.run(engine.run_epoch(record))
+        if result.changes is None:
+            continue
+        part = snapshots.write(record.epoch, 0, result.changes)
+        part = with_log_position(part, record, position + 1, engine.carried)
+        snapshots.retain(snapshots.commit([part], record.epoch))
+        kept = snapshots.manifests()
+        counts.append(len(kept))
+        low, _ = kafka.watermarks(bank.topics.command_log)
+        assert low == kept[0].command_log_position, (counts, low)
+    assert counts == [1, 2, 3, 4, 5, 4, 5, 4, 5, 4, 5]
+    for manifest in kept:
+        restored = snapshots.restore(manifest.ssid)
+        assert restored is not None and restored.manifest == manifest
+        actors = {KeyRef(n, key): data for n, rows in restored.actors.items() for key, data in rows}
+        assert actors == expected[manifest.ssid]
 
 
 def test_a_damaged_snapshot_is_skipped_for_the_one_before(
