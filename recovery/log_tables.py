@@ -210,10 +210,10 @@ def _logged_rows(
     rows = len(commands) + len(empty)
     none: list[None] = [None] * len(empty)
     sources = list(map(_SOURCE, commands))
-    events = list(zip(map(_HANDLER, commands), map(_EVENT, commands), strict=True))
+    handlers = list(map(_HANDLER, commands))
     listed: dict[str, list[Any]] = {
         "seq": [*map(_SEQ, commands), *[-1] * len(none)],
-        "handler": [*map(_HANDLER, commands), *[""] * len(none)],
+        "handler": [*handlers, *[""] * len(none)],
         "origin": [*map(_ORIGINS.__getitem__, map(_ORIGIN, commands)), *[""] * len(none)],
         "source_topic": [s.topic if s else None for s in sources] + none,
         "source_partition": [s.partition if s else None for s in sources] + none,
@@ -225,7 +225,7 @@ def _logged_rows(
         listed["reason"] = outcomes[1] + none
     columns = {name: pa.array(v, COMMANDS_SCHEMA.field(name).type) for name, v in listed.items()}
     columns["ssid"] = pa.array(itertools.repeat(ssid, rows), pa.int64(), size=rows)
-    event_json = _EventJson(app).many(events)
+    event_json = _EventJson(app).many(handlers, list(map(_EVENT, commands)))
     columns["event_json"] = pa.chunked_array(
         [*_chunks(event_json), pa.nulls(len(none), pa.string())], pa.string()
     )
@@ -320,16 +320,15 @@ class _EventJson:
         except (msgspec.DecodeError, TypeError, ValueError):
             return None
 
-    def many(self, events: Sequence[tuple[str, bytes]]) -> pa.Array | pa.ChunkedArray:
-        """:meth:`__call__` of each ``(handler, event)``, as a string column: every event decoded
-        in one call, encoded as JSON lines in one more, and cut into the column at its line
+    def many(self, handlers: Sequence[str], events: Sequence[bytes]) -> pa.Array | pa.ChunkedArray:
+        """:meth:`__call__` of each ``(handlers[i], events[i])``, as a string column: every event
+        decoded in one call, encoded as JSON lines in one more, and cut into the column at its line
         ends by Arrow (a JSON line holds no line end: no bytes object per row). The events are
         one msgpack array, each followed by a boundary mark: an event that is not exactly one
         msgpack value (no value, or several) moves a mark out of its place, and the batch is
         done one by one, as is one that does not decode or encode, or a handler gone."""
-        handlers = self.app.handlers
-        if all(handler in handlers for handler, _ in events):
-            joined = _BOUNDARY.join([event for _, event in events])
+        if self.app.handlers.keys() >= set(handlers):
+            joined = _BOUNDARY.join(events)
             array = array_header(2 * len(events)) + joined + _BOUNDARY
             try:
                 values = _plain(array)
@@ -340,7 +339,7 @@ class _EventJson:
                         return column
             except (msgspec.DecodeError, TypeError, ValueError, pa.ArrowInvalid):
                 pass
-        return pa.array([self(handler, event) for handler, event in events], pa.string())
+        return pa.array(list(map(self, handlers, events)), pa.string())
 
 
 _MAX_STRING_BYTES = 2**31 - 1
