@@ -83,8 +83,9 @@ def test_the_page_follows_a_worker_kill_in_a_browser(cluster: Cluster) -> None:
     url = f"http://127.0.0.1:{port}/"
     pids = cluster.status()
 
-    def running(dom: str) -> bool:
-        return f"{cluster.name} running: generation 1" in dom and 'data-process="worker 1"' in dom
+    def running(dom: str) -> bool:  # both rows: one worker may report a moment after the other
+        workers = ('data-process="worker 0"', 'data-process="worker 1"')
+        return f"{cluster.name} running: generation 1" in dom and all(w in dom for w in workers)
 
     dom = until(url, running, 60, "the page never showed the running cluster")
     assert '<meta http-equiv="refresh" content="2">' in dom  # the browser reloads it by itself
