@@ -173,7 +173,7 @@ class LocalBrokerConfig:
     """A single-node KRaft broker (broker and controller in one JVM) on 127.0.0.1.
 
     ``controller_port`` 0 means ``port + 1``. ``startup_timeout_s`` bounds the wait until the
-    broker answers metadata requests. ``heap_mb`` is the JVM's maximum heap.
+    broker answers metadata requests. ``heap_mb`` is the JVM's heap, all of it from the start.
 
     >>> LocalBrokerConfig(port=19092, data_dir=Path("/tmp/b")).bootstrap
     '127.0.0.1:19092'
