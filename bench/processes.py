@@ -26,6 +26,7 @@ from confluent_kafka import TopicPartition
 from rich.progress import Progress
 
 from bench.scratch import scratch_dir
+from epochal.interrupts import interrupts_held
 from epochal.log.client import KafkaClients, arrived
 
 __all__ = [
@@ -310,14 +311,19 @@ class MeasuredProcess:
         self.started = 0.0
 
     def __enter__(self) -> Self:
+        """Start it; a SIGTERM or Ctrl-C on the way (no ``__exit__`` then) stops it here."""
         env = {**os.environ, "PYTHONPATH": str(self.cwd)}
-        with open(self.run_dir / "run.log", "wb") as log:
-            self.started = time.monotonic()
-            self.process = subprocess.Popen(
-                self.command, cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT
-            )
-        self._started(self.process.pid)
-        self.sampler.start()
+        try:
+            with open(self.run_dir / "run.log", "wb") as log, interrupts_held():
+                self.started = time.monotonic()
+                self.process = subprocess.Popen(
+                    self.command, cwd=self.cwd, env=env, stdout=log, stderr=subprocess.STDOUT
+                )
+            self._started(self.process.pid)
+            self.sampler.start()
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def exited(self) -> bool:
@@ -328,9 +334,9 @@ class MeasuredProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.sampler.stopping.set()
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(60)
+        if self.process is not None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(60)
 
 
 class ClusterProcess(MeasuredProcess):

@@ -57,6 +57,7 @@ from bench.processes import count_egress
 from bench.report import plot_bars
 from bench.scratch import broker_unless, cleans_up, scratch_dir
 from epochal.config import KafkaConfig
+from epochal.interrupts import interrupts_held
 from epochal.log.client import KafkaClients
 from examples.bank.producer import events
 
@@ -97,7 +98,7 @@ class Run:
             "--run-dir", str(self.run_dir), "--warehouse", str(self.run_dir / "warehouse"),
             "--snapshot-interval-ms", str(self.snapshot_ms),
         ]  # fmt: skip
-        with open(self.log_file, "wb") as log:
+        with open(self.log_file, "wb") as log, interrupts_held():  # stop() has it once it runs
             started = time.monotonic()
             self.process = subprocess.Popen(command, cwd=ROOT, stdout=log,
                                             stderr=subprocess.STDOUT)  # fmt: skip

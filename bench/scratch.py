@@ -93,9 +93,9 @@ def broker_unless(bootstrap: str | None, port: int) -> Iterator[Broker]:
     jars = fetch_jars(CacheConfig(cache_dir_from_env()), JarSet.KAFKA_BROKER)
     data = scratch_dir("broker-")
     broker = LocalBroker(LocalBrokerConfig(port=port, data_dir=data, jar_dir=jars))
-    broker.start()
-    try:
+    try:  # from before the start: a SIGTERM just after it still stops the broker
+        broker.start()
         yield Broker(broker.config.bootstrap, broker.status().pid)
     finally:
-        broker.stop()
+        broker.stop_if_launched()
     shutil.rmtree(data, ignore_errors=True)  # gigabytes of log that nothing reads once it stops

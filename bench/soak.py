@@ -30,6 +30,7 @@ from bench.bank import ROOT
 from bench.processes import RssSampler
 from bench.scratch import broker_unless, cleans_up, scratch_dir
 from epochal.config import KafkaConfig
+from epochal.interrupts import interrupts_held
 from epochal.log.client import KafkaClients
 from examples.bank.producer import Transfer, events
 
@@ -100,9 +101,11 @@ def _soak(args: argparse.Namespace, bootstrap: str) -> None:
     ]  # fmt: skip
     sampler = RssSampler(run_dir / name / "processes.json", args.every)
     stop = threading.Event()
+    process: subprocess.Popen[bytes] | None = None
     with open(run_dir / "run.log", "wb") as log:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
+            with interrupts_held():  # until the ``finally`` has the process to stop
+                process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
             sampler.start()
             with console.status(f"feeding {args.rate}/s for {args.seconds:.0f} s"):
                 sent = _feed(bootstrap, f"{name}.in.transfers", args.rate, args.seconds, stop)
@@ -111,8 +114,9 @@ def _soak(args: argparse.Namespace, bootstrap: str) -> None:
         finally:
             stop.set()
             sampler.stopping.set()
-            process.send_signal(signal.SIGTERM)
-            process.wait(60)
+            if process is not None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(60)
     _report(args, sampler, sent, out)
 
 

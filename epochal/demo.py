@@ -40,6 +40,7 @@ from epochal.analytics.spark import jvm_output_to, spark_session
 from epochal.client import COMMITTED, LIVE, SERIALIZABLE, SNAPSHOT, Client
 from epochal.config import CacheConfig, KafkaConfig, SnapshotConfig, SparkConfig
 from epochal.errors import EpochalError
+from epochal.interrupts import interrupts_held
 from epochal.jvm import JarSet, fetch_jars
 from epochal.log.client import KafkaClients
 from epochal.log.command_log import KafkaCommandLog
@@ -65,18 +66,17 @@ def run_demo(
     with console.status("fetching jars (first run only)"):
         for jar_set in JarSet:
             fetch_jars(cache, jar_set)
-    with console.status(f"starting Kafka on {broker.config.bootstrap}"):
-        started = broker.start()
-    console.print(
-        f"[green]✓[/] Kafka at {broker.config.bootstrap}"
-        + ("" if started else " (already running)")
-    )
     try:
+        with console.status(f"starting Kafka on {broker.config.bootstrap}"):
+            started = broker.start()
+        console.print(
+            f"[green]✓[/] Kafka at {broker.config.bootstrap}"
+            + ("" if started else " (already running)")
+        )
         demo = _Demo(cache, broker.config.bootstrap, warehouse.resolve(), console, checkout)
         return demo.run()
     finally:
-        if started:
-            broker.stop()
+        broker.stop_if_launched()
 
 
 class _Demo:
@@ -110,8 +110,10 @@ class _Demo:
             self.clients.assigned_consumer(topic, {0: 0}, **{"isolation.level": "read_committed"})
             for topic in egress
         ]
-        cluster = self._start_cluster()
+        cluster: subprocess.Popen[bytes] | None = None
         try:  # whatever ends the rounds (SIGTERM included) stops the cluster
+            with interrupts_held():  # until ``cluster`` has its handle
+                cluster = self._start_cluster()
             reader = SnapshotReader(SnapshotConfig(str(self.warehouse)), self.name)
             client = Client(self.app, f"127.0.0.1:{self.query_port}", kafka=self.clients.config,
                             snapshots=reader, timeout_s=60)  # fmt: skip
@@ -122,8 +124,9 @@ class _Demo:
         finally:
             for consumer in consumers:
                 consumer.close()
-            cluster.send_signal(signal.SIGTERM)
-            cluster.wait(60)
+            if cluster is not None:
+                cluster.send_signal(signal.SIGTERM)
+                cluster.wait(60)
         self.console.print(f"  starting Spark (its log: {self.spark_log})")
         with jvm_output_to(self.spark_log):
             jars = self.cache.jar_dir(JarSet.SPARK.value)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from epochal.config import KafkaConfig, LocalBrokerConfig
 from epochal.errors import BrokerUnavailableError, ConfigError, LocalBrokerError
+from epochal.interrupts import interrupts_held
 from epochal.jvm import JarSet, require_jars
 from epochal.log.client import KafkaClients
 
@@ -181,7 +182,8 @@ class LocalBroker:
                     port=port,
                 )
         self._prepare(java, jars)
-        process = self._process = self._launch(java, jars)
+        with interrupts_held():  # a SIGTERM inside Popen would leave a JVM nothing stops
+            process = self._process = self._launch(java, jars)
         try:
             self._wait_until_ready(process)
         except BaseException:  # interrupted (SIGTERM, Ctrl-C) while it starts: none left behind
@@ -190,6 +192,12 @@ class LocalBroker:
             raise
         logger.info("broker started bootstrap=%s pid=%s", self.config.bootstrap, process.pid)
         return True
+
+    def stop_if_launched(self) -> bool:
+        """Stop the broker if this object started it: a run that found one running (or whose
+        start failed) leaves that one be. For a ``finally`` around :meth:`start`: the process
+        is known here from the moment it exists, whenever a SIGTERM lands."""
+        return self._process is not None and self.stop()
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Stop the broker (SIGTERM, then SIGKILL) and wait for its ports; False if not running."""

@@ -1,0 +1,48 @@
+"""SIGTERM and Ctrl-C held while a process is started, so whatever stops it has its handle.
+
+``epochal demo`` and ``epochal bench`` stop what they started (a broker, a cluster) when a
+SIGTERM or Ctrl-C ends them: the signal raises an exception and ``finally`` blocks stop the
+children. A signal that lands inside ``subprocess.Popen`` (the child forked, the parent waiting
+for its ``exec``) raises before the ``Popen`` object is returned: the child runs on and nothing
+has its pid. Held for the few milliseconds of the start, the signal acts as soon as the handle
+is stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+
+__all__ = ["interrupts_held"]
+
+_HELD = (signal.SIGTERM, signal.SIGINT)
+
+_Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """SIGTERM and SIGINT arriving in the block take effect when it ends, with the handlers
+    that were there before it (a handler's exception is raised as the block ends).
+
+    Keep the block short: a Ctrl-C waits for it. Off the main thread (which cannot set signal
+    handlers, and which signals do not interrupt) it holds nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        arrived.append(signum)
+
+    previous: dict[signal.Signals, _Handler] = {sig: signal.signal(sig, hold) for sig in _HELD}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():  # None: set outside Python, so the default
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(arrived):  # each once, in the order they came
+            signal.raise_signal(signum)
