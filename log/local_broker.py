@@ -182,12 +182,12 @@ class LocalBroker:
                     port=port,
                 )
         self._prepare(java, jars)
-        with interrupts_held():  # a SIGTERM inside Popen would leave a JVM nothing stops
-            process = self._process = self._launch(java, jars)
-        try:
+        try:  # interrupted (SIGTERM, Ctrl-C) while it starts: none left behind
+            with interrupts_held():  # one inside Popen would leave a JVM nothing has the pid of
+                process = self._process = self._launch(java, jars)
             self._wait_until_ready(process)
-        except BaseException:  # interrupted (SIGTERM, Ctrl-C) while it starts: none left behind
-            if process.poll() is None:
+        except BaseException:
+            if self._process is not None and self._process.poll() is None:
                 self.stop()
             raise
         logger.info("broker started bootstrap=%s pid=%s", self.config.bootstrap, process.pid)
@@ -201,7 +201,7 @@ class LocalBroker:
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Stop the broker (SIGTERM, then SIGKILL) and wait for its ports; False if not running."""
-        pid = self._running_pid()
+        pid = self._running_pid() or self._launched_pid()
         if pid is None:
             return False
         os.kill(pid, signal.SIGTERM)
@@ -233,6 +233,14 @@ class LocalBroker:
         self._pid_file.unlink(missing_ok=True)
         logger.info("broker killed bootstrap=%s pid=%s", self.config.bootstrap, pid)
         return True
+
+    def _launched_pid(self) -> int | None:
+        """The pid of the JVM this object launched while it still runs. ``Popen`` can return
+        while the child is still inside ``exec`` (an empty ``/proc/<pid>/cmdline``, so
+        :meth:`_running_pid` does not know it yet): a start interrupted then stops it by this."""
+        if self._process is None or self._process.poll() is not None:
+            return None
+        return self._process.pid
 
     def _running_pid(self) -> int | None:
         """The pid in the pid file if that process is alive and is our broker."""

@@ -37,7 +37,16 @@ from epochal.schemas.snapshots import Manifest
 from tests.conftest import free_ports, gone
 from tests.unit.actors.workload import Deposit, Transfer, app
 
-__all__ = ["ACCOUNTS", "BOUND_MS", "SLACK_S", "Cluster", "gone", "wait_until"]
+__all__ = [
+    "ACCOUNTS",
+    "BOUND_MS",
+    "SLACK_S",
+    "Cluster",
+    "executable",
+    "first_child",
+    "gone",
+    "wait_until",
+]
 
 EPOCHAL = str(Path(sys.executable).parent / "epochal")
 ROOT = Path(__file__).resolve().parents[2]
@@ -284,6 +293,35 @@ class Cluster:
         ]
         assert sorted((r.epoch, r.seq, r.committed, r.reason) for r in egress) == sorted(expected)
         return egress
+
+
+def first_child(
+    process: subprocess.Popen[Any],
+    accept: Callable[[int], bool] = lambda pid: True,
+    timeout_s: float = 120,
+    log: Callable[[], str] = lambda: "",
+) -> int:
+    """The first child that ``process``'s main thread forks and ``accept`` takes, as soon as
+    it exists: a tight loop (a fork and its ``exec`` are over in well under a millisecond), so
+    that a signal can reach ``process`` while it is still inside ``Popen``."""
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+    passed: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for pid in set(children.read_text().split()) - passed:
+            if accept(int(pid)):
+                return int(pid)
+            passed.add(pid)
+        assert process.poll() is None and time.monotonic() < deadline, log()
+
+
+def executable(pid: int) -> str | None:
+    """The file ``pid`` runs (a forked child runs its parent's until its ``exec``); None once
+    it is gone."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
 
 
 def wait_until(

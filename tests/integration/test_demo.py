@@ -12,14 +12,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from epochal.config import CacheConfig
 from tests.conftest import free_port_pair, free_ports
-from tests.integration.cluster import wait_until
+from tests.integration.cluster import executable, first_child, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +91,7 @@ def _sigterm_as_the_cluster_forks(folder: Path, own_cache: CacheConfig) -> bool:
             alive=lambda: demo.poll() is None,
             log=log_path.read_text,
         )
-        cluster = _first_python_child(demo, log_path)
+        cluster = first_child(demo, _runs_python, log=log_path.read_text)  # not the broker's JVM
         demo.send_signal(signal.SIGTERM)
         before_exec = _command_line(cluster) == _command_line(demo.pid)
         started = re.compile(r"epochal run examples\.bank\.app:app as '(bank-demo-[0-9-]+)'")
@@ -116,20 +115,8 @@ def _sigterm_as_the_cluster_forks(folder: Path, own_cache: CacheConfig) -> bool:
         _kill_all_under(folder)  # whatever a failure left
 
 
-def _first_python_child(demo: subprocess.Popen[str], log_path: Path) -> int:
-    """The demo's first child that runs Python (its cluster's supervisor: the broker's is a
-    JVM), as soon as it is forked: a tight loop, the fork is over in well under a millisecond."""
-    children = Path(f"/proc/{demo.pid}/task/{demo.pid}/children")
-    others: set[str] = set()
-    deadline = time.monotonic() + 120
-    while True:
-        forked = set(children.read_text().split()) - others
-        for pid in forked:
-            with contextlib.suppress(OSError):
-                if Path(os.readlink(f"/proc/{pid}/exe")).name.startswith("python"):
-                    return int(pid)
-        others |= forked
-        assert demo.poll() is None and time.monotonic() < deadline, log_path.read_text()
+def _runs_python(pid: int) -> bool:
+    return Path(executable(pid) or "").name.startswith("python")
 
 
 def _command_line(pid: int) -> str | None:

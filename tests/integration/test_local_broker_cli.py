@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import pytest
 
 from epochal.config import CacheConfig
 from tests.conftest import free_port_pair, port_is_free
+from tests.integration.cluster import executable, first_child, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -122,3 +125,36 @@ def test_status_on_a_port_another_process_holds_says_so(cache: CacheConfig, tmp_
     said = " ".join(result.stderr.split())
     assert f"Kafka is not running at 127.0.0.1:{port}" in said
     assert f"port {port} on 127.0.0.1 is taken by another process" in said
+
+
+def test_ctrl_c_as_the_broker_is_launched_leaves_no_broker(
+    cache: CacheConfig, tmp_path: Path
+) -> None:
+    """Ctrl-C lands as ``epochal kafka start`` forks the broker's JVM, inside ``Popen``: the
+    start stops what it launched. Landing before the child's ``exec`` takes a few tries."""
+    port = free_port_pair()
+    data = tmp_path / "broker"
+    command = [EPOCHAL, "--cache", str(cache.root), "kafka"]
+    where = ["--port", str(port), "--data-dir", str(data)]
+    formatted = _epochal(*command[1:], "start", *where)  # formatted once: the JVM is then
+    assert formatted.returncode == 0, formatted.stderr  # the start's only child
+    assert _epochal(*command[1:], "stop", *where).returncode == 0
+    for _ in range(5):
+        start = subprocess.Popen([*command, "start", *where], stderr=subprocess.PIPE, text=True)
+        try:
+            child = first_child(start)
+            start.send_signal(signal.SIGINT)
+            before_exec = executable(child) == executable(start.pid)  # still the CLI's Python
+            _, said = start.communicate(timeout=60)
+            assert start.returncode != 0, said  # interrupted, not started
+            wait_until(lambda: not _broker_pids(data) and port_is_free(port), timeout_s=10,
+                       what="the broker outlived the interrupted start",
+                       log=lambda said=said: f"{_broker_pids(data)} {said}")  # fmt: skip
+        finally:
+            if start.poll() is None:
+                start.kill()
+            for pid in _broker_pids(data):  # what a failure left (no pid file names it)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if before_exec:
+            break
