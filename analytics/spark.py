@@ -18,6 +18,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from epochal.config import SparkConfig
+from epochal.interrupts import interrupts_held
 from epochal.jvm import JarSet, jar_paths, require_jars
 
 __all__ = ["jvm_output_to", "spark_jars", "spark_session"]
@@ -113,6 +114,9 @@ def spark_session(config: SparkConfig) -> SparkSession:
     for key, value in settings.items():
         builder = builder.config(key, value)
     logger.info("starting spark master=%s jars=%d", config.master, len(jars.split(",")))
-    session = builder.getOrCreate()
+    # pyspark's JVM ends when this process's end closes its stdin, but only once it is up: a
+    # start cut by Ctrl-C or SIGTERM left it running for good, so they act once it is up
+    with interrupts_held():
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session

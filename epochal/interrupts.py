@@ -5,7 +5,8 @@ SIGTERM or Ctrl-C ends them: the signal raises an exception and ``finally`` bloc
 children. A signal that lands inside ``subprocess.Popen`` (the child forked, the parent waiting
 for its ``exec``) raises before the ``Popen`` object is returned: the child runs on and nothing
 has its pid. Held for the few milliseconds of the start, the signal acts as soon as the handle
-is stored.
+is stored. A Spark session's start is held whole (``analytics/spark.py``): its JVM outlives a
+start interrupted half-way, and nothing here has its handle at all.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ _Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | N
 
 @contextlib.contextmanager
 def interrupts_held() -> Iterator[None]:
-    """SIGTERM and SIGINT arriving in the block take effect when it ends, with the handlers
-    that were there before it (a handler's exception is raised as the block ends).
+    """SIGTERM and SIGINT arriving in the block take effect when it ends, through the handlers
+    there before it, or those the block installed (a handler's exception is raised as the
+    block ends).
 
-    Keep the block short: a Ctrl-C waits for it. Off the main thread (which cannot set signal
-    handlers, and which signals do not interrupt) it holds nothing."""
+    A Ctrl-C waits for the block: hold only what must not be cut in two. Off the main thread
+    (which cannot set signal handlers, and which signals do not interrupt) it holds nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -43,6 +45,7 @@ def interrupts_held() -> Iterator[None]:
         yield
     finally:
         for sig, handler in previous.items():  # None: set outside Python, so the default
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+            if signal.getsignal(sig) is hold:  # else the block installed its own: it stays
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         for signum in dict.fromkeys(arrived):  # each once, in the order they came
             signal.raise_signal(signum)

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,7 +17,10 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 
+from epochal.config import CacheConfig
+from epochal.jvm import JarSet
 from epochal.log.client import KafkaClients
+from tests.integration.cluster import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -83,3 +93,54 @@ def test_spark_reads_a_kafka_topic_in_batch(
     values = {bytes(row["value"]).decode() for row in frame.select("value").collect()}
     assert values == {f"v{i}" for i in range(200)}
     assert {row["partition"] for row in frame.select("partition").collect()} == {0, 1}
+
+
+_START = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from epochal.analytics.spark import spark_session
+    from epochal.config import SparkConfig
+    jars, name, work = sys.argv[1:]
+    spark_session(SparkConfig(jar_dir=Path(jars), app_name=name, work_dir=Path(work)))
+    print("started", flush=True)
+    """
+)
+
+
+def test_ctrl_c_while_a_spark_session_starts_leaves_no_jvm(
+    cache: CacheConfig, tmp_path: Path
+) -> None:
+    """pyspark's JVM ends when its parent's end of its stdin closes, but only once it is up:
+    a Ctrl-C while it started left it running for good (a gigabyte of heap a try). The start
+    finishes, then the Ctrl-C ends the process, and the JVM with it."""
+    name = f"interrupted-{uuid.uuid4().hex[:8]}"
+    jars = str(cache.jar_dir(JarSet.SPARK.value))
+    output = tmp_path / "output.txt"  # a file, not a pipe: the JVM shares it
+    with output.open("w") as out:
+        starting = subprocess.Popen([sys.executable, "-c", _START, jars, name, str(tmp_path)],
+                                    stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        wait_until(lambda: bool(_jvms_of(name)), timeout_s=60, what="no Spark JVM started",
+                   alive=lambda: starting.poll() is None)  # fmt: skip
+        starting.send_signal(signal.SIGINT)  # its JVM is there, the session is not yet
+        starting.wait(120)
+        said = output.read_text()
+        assert starting.returncode == -signal.SIGINT, said  # ended by the Ctrl-C, once up:
+        assert "started" not in said and "KeyboardInterrupt" in said  # not handed out
+        wait_until(lambda: not _jvms_of(name), timeout_s=30,
+                   what="the Spark JVM outlived the interrupted start",
+                   log=lambda: str(_jvms_of(name)))  # fmt: skip
+    finally:
+        if starting.poll() is None:
+            starting.kill()
+        for pid in _jvms_of(name):  # what a failure left
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _jvms_of(app_name: str) -> list[int]:
+    """Spark JVMs started for ``app_name``."""
+    found = subprocess.run(["pgrep", "-f", f"spark.app.name={app_name} "], capture_output=True,
+                           text=True, check=False)  # fmt: skip
+    return [int(pid) for pid in found.stdout.split()]

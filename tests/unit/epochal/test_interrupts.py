@@ -54,3 +54,14 @@ def test_a_block_without_a_signal_changes_nothing(signals_end: None) -> None:
         assert signal.getsignal(signal.SIGINT) is not _ending
     assert signal.getsignal(signal.SIGTERM) is _ending
     assert signal.getsignal(signal.SIGINT) is _ending
+
+
+def test_a_handler_the_block_installs_stays_and_takes_the_signal(signals_end: None) -> None:
+    """Spark installs its own SIGINT handler as its session starts, inside the block."""
+    taken = []
+    with interrupts_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        signal.signal(signal.SIGINT, lambda signum, frame: taken.append(signum))
+    assert taken == [signal.SIGINT]
+    assert signal.getsignal(signal.SIGINT) is not _ending
+    assert signal.getsignal(signal.SIGTERM) is _ending
