@@ -26,9 +26,9 @@ _Handler = Callable[[int, FrameType | None], object] | int | signal.Handlers | N
 
 @contextlib.contextmanager
 def interrupts_held() -> Iterator[None]:
-    """SIGTERM and SIGINT arriving in the block take effect when it ends, through the handlers
-    there before it, or those the block installed (a handler's exception is raised as the
-    block ends).
+    """A SIGTERM or SIGINT arriving in the block takes effect when it ends, through the handler
+    there before it, or the one the block installed (a handler's exception is raised as the
+    block ends). A second one of the same kind acts at once: a block that hangs can be ended.
 
     A Ctrl-C waits for the block: hold only what must not be cut in two. Off the main thread
     (which cannot set signal handlers, and which signals do not interrupt) it holds nothing."""
@@ -38,14 +38,25 @@ def interrupts_held() -> Iterator[None]:
     arrived: list[int] = []
 
     def hold(signum: int, frame: FrameType | None) -> None:
-        arrived.append(signum)
+        if signum not in arrived:
+            arrived.append(signum)
+            return
+        arrived.remove(signum)  # the second: now, as if nothing were held
+        signal.signal(signum, _settable(previous[signal.Signals(signum)]))
+        signal.raise_signal(signum)
 
     previous: dict[signal.Signals, _Handler] = {sig: signal.signal(sig, hold) for sig in _HELD}
     try:
         yield
     finally:
-        for sig, handler in previous.items():  # None: set outside Python, so the default
+        for sig, handler in previous.items():
             if signal.getsignal(sig) is hold:  # else the block installed its own: it stays
-                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        for signum in dict.fromkeys(arrived):  # each once, in the order they came
+                signal.signal(sig, _settable(handler))
+        for signum in arrived:  # in the order they came
             signal.raise_signal(signum)
+
+
+def _settable(handler: _Handler) -> _Handler:
+    """A handler ``signal.signal`` gave back, as it can be set again: None (one set outside
+    Python) as the default."""
+    return signal.SIG_DFL if handler is None else handler

@@ -40,10 +40,28 @@ def test_a_signal_in_the_block_lets_it_finish_then_raises_from_the_handler_befor
     done = []
     with pytest.raises(_Ended) as ended, interrupts_held():
         os.kill(os.getpid(), signum)
-        os.kill(os.getpid(), signum)  # twice: it acts once
         done.append("the rest of the block")
     assert done == ["the rest of the block"]
     assert ended.value.signum == signum
+    assert signal.getsignal(signal.SIGTERM) is _ending
+    assert signal.getsignal(signal.SIGINT) is _ending
+
+
+def test_a_second_signal_of_a_kind_acts_at_once_and_the_first_of_another_waits(
+    signals_end: None,
+) -> None:
+    """A start that hangs can still be ended: press Ctrl-C again."""
+    done = []
+    with pytest.raises(_Ended) as ended, interrupts_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)  # held too, and acts after the block
+        done.append("after the first")
+        os.kill(os.getpid(), signal.SIGINT)
+        done.append("after the second")
+    assert done == ["after the first"]  # the second SIGINT ended the block, then the held
+    assert ended.value.signum == signal.SIGTERM  # SIGTERM acted as it ended
+    assert isinstance(ended.value.__context__, _Ended)
+    assert ended.value.__context__.signum == signal.SIGINT
     assert signal.getsignal(signal.SIGTERM) is _ending
     assert signal.getsignal(signal.SIGINT) is _ending
 
