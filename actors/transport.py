@@ -133,6 +133,8 @@ class Peers:
     connect_timeout_s: float = 30.0
     failure_timeout_s: float = 6.0
     resumed: int = -1
+    stopping: Callable[[], bool] = field(default=lambda: False)
+    """Whether the worker is told to stop: a peer not reached yet is not waited for then."""
     failed: asyncio.Future[None] = field(init=False)
     _writers: dict[int, asyncio.StreamWriter] = field(default_factory=dict)
     _buffers: dict[int, list[bytes]] = field(default_factory=dict)
@@ -160,12 +162,21 @@ class Peers:
         logger.info("peers connected worker=%d peers=%d", self.worker, len(self._writers))
 
     async def _connect(self, other: int, address: str) -> asyncio.StreamWriter:
+        """Connect to worker ``other``, retrying while it starts: until ``connect_timeout_s``,
+        or at once when a peer was lost meanwhile (one that connected here, then went: the
+        generation is over) or the worker is told to stop."""
         deadline = time.monotonic() + self.connect_timeout_s
         while True:
             try:
                 _, writer = await asyncio.open_connection(*split_address(address))
                 return writer
             except OSError as exc:
+                if self.failed.done() and not self.failed.cancelled():
+                    raise self.failed.exception() or exc from exc
+                if self.stopping():
+                    raise TransportError(
+                        "stopped before a peer was reached", worker=other, address=address
+                    ) from exc
                 if time.monotonic() > deadline:
                     raise TransportError(
                         "cannot reach worker", worker=other, address=address

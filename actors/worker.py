@@ -180,7 +180,8 @@ class Worker:
         peers = None
         if config.workers > 1:
             peers = Peers(config.worker, list(config.peers), config.generation,
-                          failure_timeout_s=config.failure_timeout_ms / 1000)  # fmt: skip
+                          failure_timeout_s=config.failure_timeout_ms / 1000,
+                          stopping=should_stop)  # fmt: skip
         started = time.perf_counter()
         phases = StartPhases()
         (writers, ranges), (restored, read_s) = await self._egress_and_snapshot(phases)

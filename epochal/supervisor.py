@@ -447,7 +447,15 @@ class Supervisor:
         sequencer.terminate()  # it logs the final epoch, then exits
         sequencer.join(max(0.0, deadline - time.monotonic()))
         if sequencer.exitcode != 0 and not self._final_epoch_after(log_end):
-            self._not_a_savepoint(f"the sequencer did not log a final epoch within {timeout_s:g} s")
+            if sequencer.exitcode is None:
+                self._not_a_savepoint(
+                    f"the sequencer did not log a final epoch within {timeout_s:g} s"
+                )
+            else:  # killed by the stop itself, say, before it could take the signal
+                self._not_a_savepoint(
+                    f"the sequencer ended (exit code {sequencer.exitcode}) before it logged a "
+                    "final epoch"
+                )
             return
         for worker in self.workers:
             worker.join(max(0.0, deadline - time.monotonic()))

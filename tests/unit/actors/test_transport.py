@@ -1,14 +1,17 @@
-"""Peers on loopback: a flush to a peer that went away is a TransportError, never a crash."""
+"""Peers on loopback: a flush to a peer that went away is a TransportError, never a crash; a
+worker does not wait to reach a peer once the generation is over for it."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import msgspec
 import pytest
 import uvloop
 
-from epochal.actors.transport import HeartbeatFrame, Peers, TransportError
+from epochal.actors.framing import framed
+from epochal.actors.transport import HeartbeatFrame, HelloFrame, Peers, TransportError
 from tests.conftest import free_ports
 
 
@@ -31,3 +34,61 @@ def test_a_flush_after_a_peer_went_away_says_so() -> None:
             await one.close()
 
     uvloop.run(scenario())  # the workers' loop: it raises RuntimeError writing to a lost peer
+
+
+def test_a_peer_lost_while_another_is_not_reached_yet_ends_the_wait() -> None:
+    """Worker 0 connected, said Hello and went (stopped early, or crashed) before worker 1 could
+    reach it: worker 1 fails at once instead of retrying for the whole connect timeout."""
+
+    async def scenario() -> None:
+        base = free_ports(2)  # nothing listens on worker 0's port
+        addresses = [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
+        two = Peers(1, addresses, 1, connect_timeout_s=20)
+        starting = asyncio.ensure_future(two.start())
+        try:
+            await _until_listening(base + 1)
+            _, writer = await asyncio.open_connection("127.0.0.1", base + 1)
+            writer.write(framed(msgspec.msgpack.encode(HelloFrame(1, 0))))
+            await writer.drain()
+            writer.close()
+            began = time.monotonic()
+            with pytest.raises(TransportError, match="a peer went away"):
+                await asyncio.wait_for(starting, 10)
+            assert time.monotonic() - began < 2
+        finally:
+            await two.close()
+
+    uvloop.run(scenario())
+
+
+def test_a_worker_told_to_stop_does_not_wait_for_a_peer() -> None:
+    async def scenario() -> None:
+        base = free_ports(2)
+        addresses = [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
+        stop = asyncio.Event()
+        two = Peers(1, addresses, 1, connect_timeout_s=20, stopping=stop.is_set)
+        starting = asyncio.ensure_future(two.start())
+        try:
+            await _until_listening(base + 1)
+            stop.set()
+            began = time.monotonic()
+            with pytest.raises(TransportError, match="stopped before a peer was reached"):
+                await asyncio.wait_for(starting, 10)
+            assert time.monotonic() - began < 2
+        finally:
+            await two.close()
+
+    uvloop.run(scenario())
+
+
+async def _until_listening(port: int) -> None:
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on {port}"
+            await asyncio.sleep(0.01)
+            continue
+        writer.close()  # not a peer: it never says Hello
+        return
