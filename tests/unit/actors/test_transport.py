@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import msgspec
 import pytest
@@ -36,32 +37,31 @@ def test_a_flush_after_a_peer_went_away_says_so() -> None:
     uvloop.run(scenario())  # the workers' loop: it raises RuntimeError writing to a lost peer
 
 
-def test_a_peer_lost_while_another_is_not_reached_yet_ends_the_wait() -> None:
-    """Worker 0 connected, said Hello and went (stopped early, or crashed) before worker 1 could
-    reach it: worker 1 fails at once instead of retrying for the whole connect timeout."""
-
-    async def scenario() -> None:
-        base = free_ports(2)  # nothing listens on worker 0's port
-        addresses = [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
-        two = Peers(1, addresses, 1, connect_timeout_s=20)
-        starting = asyncio.ensure_future(two.start())
-        try:
-            await _until_listening(base + 1)
-            _, writer = await asyncio.open_connection("127.0.0.1", base + 1)
-            writer.write(framed(msgspec.msgpack.encode(HelloFrame(1, 0))))
-            await writer.drain()
-            writer.close()
-            began = time.monotonic()
-            with pytest.raises(TransportError, match="a peer went away"):
-                await asyncio.wait_for(starting, 10)
-            assert time.monotonic() - began < 2
-        finally:
-            await two.close()
-
-    uvloop.run(scenario())
+async def _peer_says_hello_and_goes(port: int, stop: asyncio.Event) -> None:
+    """Worker 0 connected, said Hello and went (stopped early, or crashed)."""
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(framed(msgspec.msgpack.encode(HelloFrame(1, 0))))
+    await writer.drain()
+    writer.close()
 
 
-def test_a_worker_told_to_stop_does_not_wait_for_a_peer() -> None:
+async def _worker_is_told_to_stop(port: int, stop: asyncio.Event) -> None:
+    stop.set()
+
+
+@pytest.mark.parametrize(
+    ("end", "said"),
+    [
+        (_peer_says_hello_and_goes, "a peer went away"),
+        (_worker_is_told_to_stop, "stopped before a peer was reached"),
+    ],
+)
+def test_a_worker_stops_waiting_for_a_peer_once_its_generation_is_over(
+    end: Callable[[int, asyncio.Event], Awaitable[None]], said: str
+) -> None:
+    """Worker 1 retries worker 0's port (nothing listens there) until the connect timeout, or
+    at once when a peer was lost meanwhile or it is told to stop."""
+
     async def scenario() -> None:
         base = free_ports(2)
         addresses = [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
@@ -70,9 +70,9 @@ def test_a_worker_told_to_stop_does_not_wait_for_a_peer() -> None:
         starting = asyncio.ensure_future(two.start())
         try:
             await _until_listening(base + 1)
-            stop.set()
+            await end(base + 1, stop)
             began = time.monotonic()
-            with pytest.raises(TransportError, match="stopped before a peer was reached"):
+            with pytest.raises(TransportError, match=said):
                 await asyncio.wait_for(starting, 10)
             assert time.monotonic() - began < 2
         finally:
