@@ -1,11 +1,11 @@
 """The partitions of one worker on one asyncio loop, executing command-log epochs in order.
 
 Partition ``p`` of ``P`` belongs to worker ``p * W // P`` (contiguous blocks, so neighbouring
-key ranges share a process). A transaction runs once on each worker that owns one of its keys
-(:mod:`epochal.actors.executor`); the values of keys on other workers arrive over TCP
-(:mod:`epochal.actors.transport`) as canonical bytes. At the end of each epoch every worker
-announces the events its transactions emitted and waits for the others', so that all derive the
-same interior transactions for the next epoch.
+key ranges share a process). A transaction runs once, on the worker of the lowest partition it
+touches (:mod:`epochal.actors.executor`); the values of its keys on other workers arrive there
+over TCP (:mod:`epochal.actors.transport`) as canonical bytes, and its writes to them go back.
+At the end of each epoch every worker announces the events its transactions emitted and waits
+for the others', so that all derive the same interior transactions for the next epoch.
 
 :class:`LocalEngine` is the one-worker case: all partitions in this process, no network.
 """
@@ -34,7 +34,8 @@ from epochal.actors.transport import (
     PeerFrame,
     Peers,
     ReadsFrame,
-    TxnReads,
+    TxnValues,
+    WritesFrame,
 )
 from epochal.errors import RecoveryError, SchemaError
 from epochal.schemas.canonical import decode_canonical
@@ -177,30 +178,43 @@ class Engine:
         self.on_committed: Callable[[int], None] = lambda ssid: None  # worker 0 said: committed
         self._done: dict[int, dict[int, list[Emitted]]] = {}
         self._done_arrived = asyncio.Event()
-        self._outbox: dict[tuple[int, int], list[TxnReads]] = {}  # (peer, epoch) → reads
+        self._reads_out: dict[tuple[int, int], list[TxnValues]] = {}  # by (peer, epoch)
+        self._writes_out: dict[tuple[int, int], list[TxnValues]] = {}
         self._alone = all(w == worker for w in self.worker_of)  # owns every partition
 
     # --- the Exchange protocol ---------------------------------------------------------------
 
-    def send(
+    def send_reads(
         self, to: int, epoch: int, seq: int, refs: tuple[KeyRef, ...], values: list[bytes | None]
     ) -> None:
         """Buffered until :meth:`flush`: one frame per peer per exchange round."""
-        self._outbox.setdefault((to, epoch), []).append(TxnReads(seq, refs, values))
+        self._reads_out.setdefault((to, epoch), []).append(TxnValues(seq, refs, values))
+
+    def send_writes(
+        self, to: int, epoch: int, seq: int, refs: tuple[KeyRef, ...], values: list[bytes | None]
+    ) -> None:
+        """Buffered until :meth:`flush`, as :meth:`send_reads`."""
+        self._writes_out.setdefault((to, epoch), []).append(TxnValues(seq, refs, values))
 
     async def flush(self) -> None:
         if self.peers is not None:
             generation = self.peers.generation
-            for (to, epoch), txns in self._outbox.items():
+            for (to, epoch), txns in self._reads_out.items():
                 self.peers.send(to, ReadsFrame(generation, epoch, txns))
-            self._outbox.clear()
+            for (to, epoch), txns in self._writes_out.items():
+                self.peers.send(to, WritesFrame(generation, epoch, txns))
+            self._reads_out.clear()
+            self._writes_out.clear()
             await self.peers.flush()
         await asyncio.sleep(0)  # let the receivers run
 
     def on_frame(self, frame: PeerFrame) -> None:
         """Frames from other workers (the transport calls this)."""
-        if isinstance(frame, ReadsFrame):
-            receive, epoch = self.executor.receive, frame.epoch
+        if isinstance(frame, ReadsFrame | WritesFrame):
+            executor, epoch = self.executor, frame.epoch
+            receive = (
+                executor.receive_reads if isinstance(frame, ReadsFrame) else executor.receive_writes
+            )
             for txn in frame.txns:
                 receive(epoch, txn.seq, txn.refs, txn.values)
         elif isinstance(frame, DoneFrame):
@@ -235,6 +249,7 @@ class Engine:
             for steps in slices:
                 running = self.executor.run_epoch(clock, steps, self, self.ran)
                 taken.add(await self._unless_peers_fail(running))
+            await self._unless_peers_fail(self.executor.settle())
         self.executed = record.epoch
         if self.snapshots:
             self._reported.append(Reported.of(record, taken.seqs, taken.aborted, carried))

@@ -1,26 +1,27 @@
 """The epoch executor of one worker: Calvin-style, deterministic, no locks, no 2PC.
 
-Every worker receives the same ordered transactions and runs, **once**, each one that touches a
-key of one of its partitions (however many of its partitions the transaction touches):
+Every worker receives the same ordered transactions; each one runs **once** in the cluster, on
+the worker that owns the lowest partition it touches (its *runner*, which also reports its
+outcome: egress, emits, aborts), however many partitions and workers it touches:
 
-* a transaction runs once none of its local keys is held by an earlier transaction of this
-  worker that has not run yet (per-key operation chains, TStream): each key sees its operations
-  in timestamp order, while unrelated later transactions pass a blocked one;
-* a transaction spanning several workers first sends the canonical bytes of its local keys to
-  the other participating workers (as soon as they are final), waits for theirs, then every
-  participant runs the same handler on the same bytes, reaches the same outcome, and applies
-  only the writes to its own keys. The owner of the lowest participating partition reports the
-  outcome (egress, emits, aborts) for that partition.
+* a transaction's turn on a worker comes once none of its local keys is held by an earlier
+  transaction of this worker that has not finished yet (per-key operation chains, TStream):
+  each key sees its operations in timestamp order, while unrelated later transactions pass a
+  blocked one;
+* a transaction spanning several workers: at their turn, the other participants send the
+  canonical bytes of their local keys to the runner (they are final now) and hold those keys;
+  the runner, once it has them all, runs the handler, applies its own keys' writes and sends
+  the others the writes to theirs (nothing, if it aborted), which they apply and go on.
 
-Running a transaction once per worker (not once per local partition) means that partitions of
-one worker never exchange anything, and that every participant decodes its own event and reads:
-no two runs ever share a value. A worker plans and runs an epoch a slice of its timestamp order
-at a time (so that the slice's objects stay in cache); transactions wait in per-key chains built
-once per slice, so a transaction is looked at again only when one of its chains moves, however
-many exchange rounds the slice takes; sends are buffered and flushed once per round, when
-nothing more can run. There is no deadlock: every worker follows the same global order, and a
-slice is a prefix of what is left of it, so each wait is on a transaction that every
-participant reaches.
+Partitions of one worker never exchange anything, and only the runner decodes the event: the
+others neither decode nor run it (a cross-worker transaction costs one handler run, not one per
+worker). A worker plans and runs an epoch a slice of its timestamp order at a time (so that the
+slice's objects stay in cache); transactions wait in per-key chains built once per slice, so a
+transaction is looked at again only when one of its chains moves, however many exchange rounds
+the slice takes; sends are buffered and flushed once per round, when nothing more can run.
+There is no deadlock: every worker follows the same global order, and a slice is a prefix of
+what is left of it, so the earliest unfinished transaction heads the chains of its keys on
+every participant: their reads go out, it runs, and its writes come back.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ from epochal.actors.plan import (
     Invocation,
     checked_before,
     epoch_order,
+    handler_of,
     invocation_of,
 )
 from epochal.actors.store import StateStore
+from epochal.actors.transport import TransportError
 from epochal.actors.watchdog import RUNNING
 from epochal.schemas.commands import EpochRecord, KeyRef, PartitionId
 
@@ -55,9 +58,14 @@ Reads = dict[KeyRef, bytes | None]
 
 
 class Exchange(Protocol):
-    """Carries read values to other workers (TCP, or nothing for a single worker)."""
+    """Carries values to other workers (TCP, or nothing for a single worker): a participant's
+    reads to the runner of a transaction, and the runner's writes back."""
 
-    def send(
+    def send_reads(
+        self, to: int, epoch: int, seq: int, refs: tuple[KeyRef, ...], values: list[bytes | None]
+    ) -> None: ...
+
+    def send_writes(
         self, to: int, epoch: int, seq: int, refs: tuple[KeyRef, ...], values: list[bytes | None]
     ) -> None: ...
 
@@ -65,11 +73,14 @@ class Exchange(Protocol):
 
 
 class Step(msgspec.Struct):
-    """One transaction as one worker sees it: the participating workers and its own keys.
+    """One transaction as one worker sees it: the participating workers, the one that runs it,
+    and its own keys.
 
     ``partitions[i]`` owns ``local_keys[i]``; ``reporter`` is the partition that reports the
-    outcome if this worker owns it, else None. ``reads`` of a cross-worker step: its values,
-    from its first turn (the other workers' join them as they come). A struct: one is made per
+    outcome if this worker runs it, else None (another worker, ``runner``, runs it: this one
+    sends its reads there and applies the writes that come back; its invocation is not decoded,
+    ``event`` is None). ``reads`` of a cross-worker step this worker runs: its values, from its
+    first turn (the other workers' join them as they come). A struct: one is made per
     transaction.
     """
 
@@ -78,13 +89,14 @@ class Step(msgspec.Struct):
     local_keys: tuple[KeyRef, ...]
     partitions: tuple[PartitionId, ...]
     reporter: PartitionId | None
+    runner: int
     reads: Reads | None = None
 
 
-_Shape = tuple[tuple[int, ...], tuple[int, ...] | None, PartitionId | None]
-"""How a transaction on some partitions falls to one worker: the workers it runs on, the
-indices of its keys on this worker (None: all of them) and the partition that reports it here
-(None: another worker's)."""
+_Shape = tuple[tuple[int, ...], tuple[int, ...] | None, PartitionId | None, int]
+"""How a transaction on some partitions falls to one worker: the workers it touches, the
+indices of its keys on this worker (None: all of them), the partition that reports it here
+(None: another worker runs it) and the worker that runs it."""
 
 _SHAPES: dict[tuple[tuple[int, ...], int], dict[tuple[PartitionId, ...], _Shape | None]] = {}
 """The shapes worked out so far, per (``worker_of``, worker): a process plans under one layout
@@ -96,18 +108,19 @@ def _shape_of(
     parts: tuple[PartitionId, ...], worker_of: tuple[int, ...], worker: int
 ) -> _Shape | None:
     """The :data:`_Shape` of a transaction on ``parts`` for ``worker``; None if it does not
-    run there. One without keys: partition 0's worker runs and reports it."""
+    touch it. One without keys: partition 0's worker runs and reports it."""
     if not parts:
-        return ((worker,), None, PartitionId(0)) if worker_of[0] == worker else None
+        return ((worker,), None, PartitionId(0), worker) if worker_of[0] == worker else None
     owners = [worker_of[p] for p in parts]
     if worker not in owners:
         return None
     lowest = min(parts)
-    reporter = lowest if worker_of[lowest] == worker else None
+    runner = worker_of[lowest]
+    reporter = lowest if runner == worker else None
     if all(owner == worker for owner in owners):
-        return (worker,), None, reporter
+        return (worker,), None, reporter, runner
     local = tuple([i for i, owner in enumerate(owners) if owner == worker])
-    return tuple(sorted(set(owners))), local, reporter
+    return tuple(sorted(set(owners))), local, reporter, runner
 
 
 def share_slices(
@@ -126,7 +139,7 @@ def share_slices(
     (``worker_of[p]`` runs partition p), and those without keys if it runs partition 0. One
     pass: each transaction's partitions are looked up once, what they mean for this worker is
     worked out once per distinct tuple of partitions (a few, however many transactions), and
-    only the events of this worker's transactions are decoded."""
+    only the events of the transactions this worker runs are decoded."""
     epoch, skipped, checked = record.epoch, record.skipped, checked_before(app, record)
     partitions_of = ranges.partitions_of_keys
     layout = (tuple(worker_of), worker)
@@ -145,7 +158,7 @@ def share_slices(
                 shape = shapes[parts] = _shape_of(parts, layout[0], worker)
             if shape is None:
                 continue
-            workers, here, reporter = shape
+            workers, here, reporter, runner = shape
             if here is None:
                 local, local_parts = keys, parts
             elif len(here) == 1:  # most cross-worker transactions: one key here
@@ -153,10 +166,14 @@ def share_slices(
             else:
                 local = tuple([keys[i] for i in here])
                 local_parts = tuple([parts[i] for i in here])
-            invocation = invocation_of(
-                app, epoch, seq, txn, skipped, origin=origin, checked=checked
-            )
-            steps.append(Step(invocation, workers, local, local_parts, reporter))
+            if reporter is None:  # another worker runs it: nothing to decode here
+                invocation = Invocation(epoch, seq, handler_of(app, txn.handler, epoch, seq),
+                                        None, keys, origin)  # fmt: skip
+            else:
+                invocation = invocation_of(
+                    app, epoch, seq, txn, skipped, origin=origin, checked=checked
+                )
+            steps.append(Step(invocation, workers, local, local_parts, reporter, runner))
         yield steps
 
 
@@ -170,16 +187,23 @@ class EpochExecutor:
         self.store = store
         self._inbox: dict[tuple[int, int], Reads] = {}  # reads come before their step is ready
         self._waiting: dict[tuple[int, int], tuple[int, Reads, int]] = {}
-        """(step index, its reads so far, how many reads it runs on) of each step that sent
-        its reads and waits for the others'."""
+        """(step index, its reads so far, how many reads it runs on) of each step this worker
+        runs that waits for the other participants' reads."""
+        self._lent: dict[tuple[int, int], tuple[Step, int, _Chains]] = {}
+        """Each step another worker runs that this one sent its reads to, until its writes come
+        back: the step, its index and the chains of its slice."""
+        self._held: dict[KeyRef, tuple[int, int]] = {}
+        """The local keys of those steps, each with its step's timestamp: a later slice's steps
+        on them wait for the writes (a slice is not held up by the runner's answer)."""
+        self._chains: _Chains | None = None  # the slice running now
         self._completed: list[int] = []  # waiting steps whose reads have all come
-        self._arrived = asyncio.Event()  # set when one has
+        self._arrived = asyncio.Event()  # set when reads or writes have come
 
-    def receive(
+    def receive_reads(
         self, epoch: int, seq: int, refs: Sequence[KeyRef], values: Sequence[bytes | None]
     ) -> None:
-        """Values another worker read for transaction ``(epoch, seq)``: ``values[i]`` is
-        ``refs[i]``'s."""
+        """Values another worker read for transaction ``(epoch, seq)``, which this one runs:
+        ``values[i]`` is ``refs[i]``'s."""
         timestamp = (epoch, seq)
         waiting = self._waiting.get(timestamp)
         if waiting is None:  # its step is not ready here yet: it takes them when it is
@@ -195,6 +219,36 @@ class EpochExecutor:
             del self._waiting[timestamp]
             self._completed.append(index)
             self._arrived.set()
+
+    def receive_writes(
+        self, epoch: int, seq: int, refs: Sequence[KeyRef], values: Sequence[bytes | None]
+    ) -> None:
+        """What transaction ``(epoch, seq)`` wrote, from the worker that ran it (None: deleted;
+        nothing: it aborted or wrote nothing): this worker applies its own keys' values at
+        once (they are held: nothing else here touches them), and the steps after it on those
+        keys may go. They come only after this worker sent its reads (the runner waits for
+        them)."""
+        timestamp = (epoch, seq)
+        lent = self._lent.pop(timestamp, None)
+        if lent is None:
+            raise TransportError(
+                "writes came for a transaction this worker did not send its reads for",
+                epoch=epoch, seq=seq,
+            )  # fmt: skip
+        step, index, chains = lent
+        local, apply, held = step.local_keys, self.store.apply, self._held
+        for ref, value in zip(refs, values, strict=True):
+            if ref in local:
+                apply(ref, step.partitions[local.index(ref)], value, epoch)
+        for ref in local:
+            del held[ref]
+        running = self._chains
+        if running is not None:
+            if chains is running:
+                running.lent -= 1
+                running.done(index)
+            running.release(timestamp)
+        self._arrived.set()
 
     def run_alone(
         self,
@@ -242,60 +296,78 @@ class EpochExecutor:
         Counts in ``ran`` the transactions each local partition takes part in."""
         reported: dict[PartitionId, list[TxnOutcome]] = {p: [] for p in self.partitions}
         _count_parts(steps, ran)
-        values = self.store.values  # a step on this worker alone reads the store as it is
-        if all(len(step.workers) == 1 for step in steps):  # nothing to wait for: in order
+        if not self._held and all(len(step.workers) == 1 for step in steps):
+            values = self.store.values  # nothing to wait for: in order, on the store as it is
             for step in steps:
-                self._execute(clock, step, values, reported)
+                self._execute(clock, step, values, reported, exchange)
             return reported
-        chains = _Chains(steps)
-        while chains.left:
-            while chains.ready:
-                index = heapq.heappop(chains.ready)
-                step = steps[index]
-                reads: Mapping[KeyRef, bytes | None]
-                if len(step.workers) == 1:
-                    reads = values
-                elif step.reads is not None:  # back from waiting: receive() completed them
-                    reads = step.reads
-                else:  # its first turn: it sends its reads
-                    first = self._reads(step, index, exchange)
-                    if first is None:  # receive() makes it ready when the others' have come
-                        continue
-                    reads = first
-                self._execute(clock, step, reads, reported)
-                chains.done(index)
-            await exchange.flush()
-            if chains.left and not chains.ready:
-                while not self._completed:
+        chains = self._chains = _Chains(steps, self._held)
+        try:
+            while True:
+                while chains.ready:
+                    index = heapq.heappop(chains.ready)
+                    if self._turn(clock, steps[index], index, reported, exchange):
+                        chains.done(index)
+                await exchange.flush()
+                if chains.left == chains.lent:  # all ran here, or lent and answered later
+                    break
+                while not (self._completed or chains.ready):
                     self._arrived.clear()
                     await self._arrived.wait()
                 for index in self._completed:
                     heapq.heappush(chains.ready, index)
                 self._completed.clear()
+        finally:
+            self._chains = None
         for outcomes in reported.values():  # in timestamp order, whatever the arrival order
             outcomes.sort(key=BY_SEQ)
         return reported
 
-    def _reads(self, step: Step, index: int, exchange: Exchange) -> Reads | None:
-        """Every read of a cross-worker ``step`` at its first turn: its local keys' values,
-        sent to the other participants (they are final now), and theirs that came before; None
-        while some of theirs have not come (it waits in ``_waiting``, and :meth:`receive`
-        completes ``step.reads``)."""
+    async def settle(self) -> None:
+        """Wait for the writes of every step this worker lent its reads to (after the last
+        slice of an epoch, flushed): then its keys hold the epoch's values."""
+        while self._lent:
+            self._arrived.clear()
+            await self._arrived.wait()
+
+    def _turn(
+        self,
+        clock: EpochClock,
+        step: Step,
+        index: int,
+        reported: dict[PartitionId, list[TxnOutcome]],
+        exchange: Exchange,
+    ) -> bool:
+        """One turn of a step that heads its chains: True if it ran here; False if it now waits
+        for the other participants' reads, or was lent to its runner (whose writes finish it:
+        :meth:`receive_writes`)."""
+        if len(step.workers) == 1:  # this worker's alone: it reads the store as it is
+            self._execute(clock, step, self.store.values, reported, exchange)
+            return True
+        if step.reporter is None:  # another worker runs it: lend it this worker's reads
+            self._lend(step, index, exchange)
+            return False
+        # back from waiting (receive_reads completed its reads), or its first turn
+        reads = step.reads if step.reads is not None else self._reads(step, index)
+        if reads is None:  # receive_reads makes it ready when the others' have come
+            return False
+        self._execute(clock, step, reads, reported, exchange)
+        return True
+
+    def _reads(self, step: Step, index: int) -> Reads | None:
+        """Every read of a cross-worker ``step`` this worker runs, at its first turn: its local
+        keys' values and the other participants' that came before; None while some of theirs
+        have not come (it waits in ``_waiting``, and :meth:`receive_reads` completes
+        ``step.reads``)."""
         invocation, local, values = step.invocation, step.local_keys, self.store.values
         if len(local) == 1:  # most cross-worker transactions: no comprehension nor zip
             ref = local[0]
-            value = values.get(ref)
-            mine, reads = [value], {ref: value}
+            reads = {ref: values.get(ref)}
         else:
-            mine = [values.get(ref) for ref in local]
-            reads = dict(zip(local, mine, strict=True))
+            reads = {ref: values.get(ref) for ref in local}
         step.reads = reads
         keys = len(reads) + len(invocation.keys) - len(local)  # the reads it runs on, in all
-        epoch, seq = invocation.epoch, invocation.seq
-        for other in step.workers:
-            if other != self.worker:
-                exchange.send(other, epoch, seq, local, mine)
-        timestamp = (epoch, seq)
+        timestamp = (invocation.epoch, invocation.seq)
         remote = self._inbox.pop(timestamp, None)
         if remote is not None:
             reads.update(remote)
@@ -304,25 +376,49 @@ class EpochExecutor:
             return None
         return reads
 
+    def _lend(self, step: Step, index: int, exchange: Exchange) -> None:
+        """A step another worker runs, at its turn: send its local keys' values (final now) to
+        the runner; its keys stay held until the runner's writes come back
+        (:meth:`receive_writes`)."""
+        assert self._chains is not None
+        invocation, values = step.invocation, self.store.values
+        mine = [values.get(ref) for ref in step.local_keys]
+        exchange.send_reads(step.runner, invocation.epoch, invocation.seq, step.local_keys, mine)
+        timestamp = (invocation.epoch, invocation.seq)
+        self._lent[timestamp] = (step, index, self._chains)
+        self._chains.lent += 1
+        for ref in step.local_keys:
+            self._held[ref] = timestamp
+
     def _execute(
         self,
         clock: EpochClock,
         step: Step,
         reads: Mapping[KeyRef, bytes | None],
         reported: dict[PartitionId, list[TxnOutcome]],
+        exchange: Exchange,
     ) -> None:
         """Run ``step`` on ``reads`` (the handler writes to its context; the writes to this
-        worker's keys are applied after it returns)."""
+        worker's keys are applied after it returns, the others' sent to their workers)."""
         RUNNING.invocation = step.invocation  # for the watchdog of a handler that hangs
         try:
             outcome = run_transaction(self.app, step.invocation, reads, clock)
         finally:
             RUNNING.invocation = None
+        local, epoch = step.local_keys, clock.epoch
+        theirs: list[KeyRef] = []
         if outcome.committed:
-            local, epoch = step.local_keys, clock.epoch
             for ref, value in outcome.writes.items():
-                if ref in local:  # the other workers apply their own keys
+                if ref in local:
                     self.store.apply(ref, step.partitions[local.index(ref)], value, epoch)
+                else:
+                    theirs.append(ref)
+        if len(step.workers) > 1:  # the others apply their keys' writes (none: it aborted)
+            refs = tuple(theirs)
+            written = [outcome.writes[ref] for ref in refs]
+            for other in step.workers:
+                if other != self.worker:
+                    exchange.send_writes(other, epoch, step.invocation.seq, refs, written)
         if step.reporter is not None:
             reported[step.reporter].append(outcome)
 
@@ -340,29 +436,47 @@ def _count_parts(steps: Sequence[Step], ran: dict[PartitionId, int]) -> None:
 
 
 class _Chains:
-    """Per-key operation chains of an epoch's steps (TStream): a step is ready once it heads the
-    chain of every one of its local keys. Each step is looked at once per key, however many
-    exchange rounds the epoch takes."""
+    """Per-key operation chains of a slice's steps (TStream): a step is ready once it heads the
+    chain of every one of its local keys, and no step of an earlier slice still holds one of
+    them (``held``: lent, its writes not back yet). Each step is looked at once per key,
+    however many exchange rounds the slice takes."""
 
-    def __init__(self, steps: Sequence[Step]) -> None:
+    def __init__(self, steps: Sequence[Step], held: Mapping[KeyRef, tuple[int, int]]) -> None:
         self.blockers = [0] * len(steps)
         self.next: list[list[int]] = [[] for _ in steps]
+        self.after: dict[tuple[int, int], list[int]] = {}  # held step → the first steps it holds
         last: dict[KeyRef, int] = {}
         for index, step in enumerate(steps):
             for ref in step.local_keys:
                 before = last.get(ref)
-                if before is not None and before != index:  # a key named twice: one link
+                if before is None:
+                    holder = held.get(ref) if held else None
+                    if holder is not None:
+                        waiting = self.after.setdefault(holder, [])
+                        if not waiting or waiting[-1] != index:  # held twice by one: one link
+                            waiting.append(index)
+                            self.blockers[index] += 1
+                elif before != index:  # a key named twice: one link
                     self.next[before].append(index)
                     self.blockers[index] += 1
                 last[ref] = index
         self.ready = [i for i, n in enumerate(self.blockers) if n == 0]  # sorted: a heap
-        self.left = len(steps)
+        self.left = len(steps)  # not done yet
+        self.lent = 0  # of those, lent: they are done when their writes come
 
     def done(self, index: int) -> None:
-        """Step ``index`` ran: the next step of each of its chains may now be ready."""
+        """Step ``index`` ran, or its writes came: the next step of each of its chains may now
+        be ready."""
         self.left -= 1
+        self._unblock(self.next[index])
+
+    def release(self, holder: tuple[int, int]) -> None:
+        """The writes of a step of an earlier slice came: the steps it held may now be ready."""
+        self._unblock(self.after.pop(holder, ()))
+
+    def _unblock(self, steps: Iterable[int]) -> None:
         blockers = self.blockers
-        for after in self.next[index]:
+        for after in steps:
             blockers[after] -= 1
             if blockers[after] == 0:
                 heapq.heappush(self.ready, after)

@@ -28,6 +28,7 @@ __all__ = [
     "emitted_by",
     "ensure_same_code",
     "epoch_order",
+    "handler_of",
     "interior_seqs",
     "invocation_of",
     "plan_epoch",
@@ -97,7 +98,7 @@ def interior_seqs(carried: Iterable[Emitted]) -> list[tuple[int, Emitted]]:
     return [(i - len(ordered), emitted) for i, emitted in enumerate(ordered)]
 
 
-def _handler(app: App, name: str, epoch: int, seq: int) -> Handler:
+def handler_of(app: App, name: str, epoch: int, seq: int) -> Handler:
     """The handler a logged or emitted transaction names: one the running code no longer has
     cannot run it (``epochal run`` refuses such a deploy at start, naming it)."""
     try:
@@ -155,7 +156,7 @@ def invocation_of(
     """The invocation of a logged transaction, or of an interior one at ``seq``. ``checked``:
     the epoch's logged events were checked by the schemas that run them (:func:`checked_before`);
     an interior one is checked again (it may come from a snapshot of older code)."""
-    handler = _handler(app, txn.handler, epoch, seq)
+    handler = handler_of(app, txn.handler, epoch, seq)
     if seq in skipped:  # an operator sent it to the dead letters: it aborts as planned
         return Invocation(epoch, seq, handler, None, txn.keys, origin, skipped[seq], txn.source,
                           txn.request_id, AbortKind.SKIPPED)  # fmt: skip

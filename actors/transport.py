@@ -35,7 +35,8 @@ __all__ = [
     "Peers",
     "ReadsFrame",
     "TransportError",
-    "TxnReads",
+    "TxnValues",
+    "WritesFrame",
 ]
 
 logger = logging.getLogger(__name__)
@@ -45,9 +46,9 @@ class TransportError(EpochalError):
     """A peer could not be reached or went away."""
 
 
-class TxnReads(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """The canonical values of one transaction's keys on the sending worker: ``values[i]`` is
-    ``refs[i]``'s (None: no such actor yet)."""
+class TxnValues(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Canonical values of some of one transaction's keys: ``values[i]`` is ``refs[i]``'s
+    (None: no such actor, or deleted)."""
 
     seq: int
     refs: tuple[KeyRef, ...]
@@ -55,12 +56,21 @@ class TxnReads(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
 
 class ReadsFrame(msgspec.Struct, frozen=True, array_like=True, tag="r"):
-    """What one worker read for transactions of ``epoch`` that another runs too: all that
-    became final in one exchange round, in one frame."""
+    """What one worker read for transactions of ``epoch`` that another runs: all that became
+    final in one exchange round, in one frame."""
 
     generation: int
     epoch: int
-    txns: list[TxnReads]
+    txns: list[TxnValues]
+
+
+class WritesFrame(msgspec.Struct, frozen=True, array_like=True, tag="w"):
+    """What transactions of ``epoch`` that one worker ran wrote to the keys of another that
+    sent it reads (none for one that aborted): all that ran in one exchange round."""
+
+    generation: int
+    epoch: int
+    txns: list[TxnValues]
 
 
 class DoneFrame(msgspec.Struct, frozen=True, array_like=True, tag="d"):
@@ -101,7 +111,7 @@ class HeartbeatFrame(msgspec.Struct, frozen=True, array_like=True, tag="b"):
     generation: int
 
 
-PeerFrame = ReadsFrame | DoneFrame | PartFrame | CommittedFrame
+PeerFrame = ReadsFrame | WritesFrame | DoneFrame | PartFrame | CommittedFrame
 """What a worker's engine handles; hellos and heart-beats stay in the transport."""
 Frame = PeerFrame | HelloFrame | HeartbeatFrame
 _encoder = msgspec.msgpack.Encoder()
@@ -127,9 +137,7 @@ class Peers:
     worker: int
     addresses: list[str]
     generation: int
-    on_frame: Callable[[ReadsFrame | DoneFrame | PartFrame | CommittedFrame], None] = field(
-        default=lambda f: None
-    )
+    on_frame: Callable[[PeerFrame], None] = field(default=lambda f: None)
     connect_timeout_s: float = 30.0
     failure_timeout_s: float = 6.0
     resumed: int = -1

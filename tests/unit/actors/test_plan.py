@@ -136,7 +136,7 @@ def test_a_worker_plans_the_transactions_on_its_keys_and_one_worker_reports_each
     """A worker's share is every transaction, interior ones included, with a key on one of its
     partitions (one without keys: partition 0's worker's), in timestamp order; its local keys
     are those on its partitions; the owner of the lowest partition reports it, so each
-    transaction is reported exactly once."""
+    transaction is reported exactly once: it runs there, and only there."""
     ranges = KeyRanges.even(app, len(worker_of))
 
     def refs(accounts: list[int]) -> tuple[KeyRef, ...]:
@@ -161,7 +161,11 @@ def test_a_worker_plans_the_transactions_on_its_keys_and_one_worker_reports_each
             assert step.local_keys == tuple(step.invocation.keys[i] for i in here)
             assert step.partitions == tuple(parts[i] for i in here)
             assert step.workers == tuple(sorted(owners[step.invocation.seq]))
-            if step.reporter is not None:
+            assert step.runner == worker_of[min(parts, default=0)]
+            assert (step.reporter is None) == (step.runner != worker)
+            if step.reporter is None:
+                assert step.invocation.event is None  # another worker decodes and runs it
+            else:
                 assert step.reporter == min(parts, default=0)
                 reported[step.invocation.seq] += 1
     assert reported == Counter(seq for seq, _ in everything)

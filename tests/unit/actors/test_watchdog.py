@@ -114,11 +114,13 @@ def test_the_executor_says_what_runs_while_a_handler_runs_and_nothing_after() ->
     executor = EpochExecutor(app, 0, partitions, StateStore(partitions))
     plan = [_invocation(seq, epoch=1) for seq in range(3)]
     parts = [KeyRanges.even(app, 2).partitions_of_keys(inv.keys) for inv in plan]
-    steps = [Step(inv, (0,), inv.keys, p, min(p)) for inv, p in zip(plan, parts, strict=True)]
+    steps = [Step(inv, (0,), inv.keys, p, min(p), 0) for inv, p in zip(plan, parts, strict=True)]
     seen.clear()
 
     class NoExchange:
-        def send(self, *args: object) -> None: ...
+        def send_reads(self, *args: object) -> None: ...
+
+        def send_writes(self, *args: object) -> None: ...
 
         async def flush(self) -> None: ...
 
