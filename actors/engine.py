@@ -34,6 +34,7 @@ from epochal.actors.transport import (
     PeerFrame,
     Peers,
     ReadsFrame,
+    TransportError,
     TxnValues,
     WritesFrame,
 )
@@ -249,13 +250,18 @@ class Engine:
             for steps in slices:
                 running = self.executor.run_epoch(clock, steps, self, self.ran)
                 taken.add(await self._unless_peers_fail(running))
-            await self._unless_peers_fail(self.executor.settle())
         self.executed = record.epoch
         if self.snapshots:
             self._reported.append(Reported.of(record, taken.seqs, taken.aborted, carried))
         emitted = emitted_by(taken.outcomes)
         if self.peers is not None:
             emitted += await self._exchange_emits(record.epoch, emitted)
+            if self.executor.unanswered:  # each runner sends its writes before its DoneFrame
+                raise TransportError(
+                    "every worker ended the epoch, but writes of transactions this worker lent "
+                    "its reads to did not come", worker=self.worker, epoch=record.epoch,
+                    missing=self.executor.unanswered,
+                )  # fmt: skip
         self.carried = sorted(emitted, key=BY_EMIT_ORDER)
         self.completed = record.epoch  # every other worker announced its end of this epoch
         changes = None

@@ -323,12 +323,11 @@ class EpochExecutor:
             outcomes.sort(key=BY_SEQ)
         return reported
 
-    async def settle(self) -> None:
-        """Wait for the writes of every step this worker lent its reads to (after the last
-        slice of an epoch, flushed): then its keys hold the epoch's values."""
-        while self._lent:
-            self._arrived.clear()
-            await self._arrived.wait()
+    @property
+    def unanswered(self) -> int:
+        """The transactions this worker lent its reads to whose writes have not come yet. None
+        once every runner has ended the epoch: a runner's writes go out before it says so."""
+        return len(self._lent)
 
     def _turn(
         self,
