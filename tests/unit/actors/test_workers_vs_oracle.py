@@ -4,6 +4,7 @@ oracle."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -11,16 +12,28 @@ from hypothesis import given, settings
 from epochal.actors.digest import state_digest
 from epochal.actors.engine import Engine, EpochResult
 from epochal.actors.oracle import SerialOracle
-from epochal.actors.transport import Peers
-from epochal.schemas.commands import EpochRecord
+from epochal.actors.partitioning import KeyRanges
+from epochal.actors.transport import Peers, TransportError
+from epochal.schemas.commands import EpochRecord, KeyRef
 from tests.conftest import free_ports
-from tests.unit.actors.workload import app, batches, command_log, several_slices
+from tests.unit.actors.workload import (
+    Deposit,
+    Transfer,
+    app,
+    batches,
+    command_log,
+    several_slices,
+)
 
 
 async def _engines(
-    records: list[EpochRecord], partitions: int, workers: int
+    records: list[EpochRecord],
+    partitions: int,
+    workers: int,
+    tamper: Callable[[list[Engine]], None] = lambda engines: None,
 ) -> tuple[list[Engine], list[list[EpochResult]]]:
-    """Every worker's engine after running ``records``, and each one's results."""
+    """Every worker's engine after running ``records`` (``tamper`` may break them first), and
+    each one's results."""
     base = free_ports(workers)
     addresses = [f"127.0.0.1:{base + w}" for w in range(workers)]
     engines: list[Engine] = []
@@ -36,6 +49,7 @@ async def _engines(
         engines.append(engine)
     if workers > 1:
         await asyncio.gather(*(e.peers.start() for e in engines if e.peers))
+    tamper(engines)
     try:
         running = asyncio.gather(*(e.run(records) for e in engines))
         per_worker = await asyncio.wait_for(running, 60)  # a read lost or never sent: a failure
@@ -114,3 +128,20 @@ def test_one_worker_reports_counts_and_keeps_actors_in_the_partitions_two_worker
     one = seen(*asyncio.run(_engines(records, 4, 1)))
     two = seen(*asyncio.run(_engines(records, 4, 2)))
     assert one == two
+
+
+def test_no_worker_ends_an_epoch_without_the_writes_of_a_transaction_it_lent_its_reads_to() -> None:
+    """The worker that runs a cross-worker transaction sends the others its writes before it
+    says it ended the epoch; one that did not (a bug, a frame lost) fails the worker that lent
+    its reads, rather than leave it at a cut without them."""
+    ranges = KeyRanges.even(app, 2)
+    a = next(k for k in range(40) if ranges.partition_of(KeyRef("Account", k)) == 0)
+    b = next(k for k in range(40) if ranges.partition_of(KeyRef("Account", k)) == 1)
+    records = command_log([[Deposit(a, 10), Deposit(b, 10)], [Transfer(a, b, 3)]])
+
+    def lose_writes(engines: list[Engine]) -> None:
+        engines[0].send_writes = lambda *args: None  # type: ignore[method-assign]
+
+    asyncio.run(_engines(records, 2, 2))  # as it is: no error
+    with pytest.raises(TransportError, match="writes of transactions this worker lent"):
+        asyncio.run(_engines(records, 2, 2, tamper=lose_writes))
