@@ -325,8 +325,8 @@ class EpochExecutor:
 
     @property
     def unanswered(self) -> int:
-        """The transactions this worker lent its reads to whose writes have not come yet. None
-        once every runner has ended the epoch: a runner's writes go out before it says so."""
+        """The transactions this worker lent its reads to whose writes have not come yet: zero
+        once every runner has ended the epoch, since a runner's writes go out before it says so."""
         return len(self._lent)
 
     def _turn(
@@ -404,17 +404,14 @@ class EpochExecutor:
             outcome = run_transaction(self.app, step.invocation, reads, clock)
         finally:
             RUNNING.invocation = None
-        local, epoch = step.local_keys, clock.epoch
-        theirs: list[KeyRef] = []
+        local, epoch, writes = step.local_keys, clock.epoch, outcome.writes
         if outcome.committed:
-            for ref, value in outcome.writes.items():
+            for ref, value in writes.items():
                 if ref in local:
                     self.store.apply(ref, step.partitions[local.index(ref)], value, epoch)
-                else:
-                    theirs.append(ref)
         if len(step.workers) > 1:  # the others apply their keys' writes (none: it aborted)
-            refs = tuple(theirs)
-            written = [outcome.writes[ref] for ref in refs]
+            refs = tuple([ref for ref in writes if ref not in local]) if outcome.committed else ()
+            written = [writes[ref] for ref in refs]
             for other in step.workers:
                 if other != self.worker:
                     exchange.send_writes(other, epoch, step.invocation.seq, refs, written)
